@@ -1,0 +1,40 @@
+"""Command line: ``python -m kiln_localcluster up|down|status [--state-dir DIR]``."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from kiln_localcluster.cluster import ClusterOptions, LocalCluster
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kiln-localcluster", description=__doc__)
+    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(".kiln"),
+        help="where the cluster keeps its state and kubeconfig (default: ./.kiln)",
+    )
+    parser.add_argument("--nodes", type=int, default=ClusterOptions.nodes)
+    parser.add_argument("--gpus-per-node", type=int, default=ClusterOptions.gpus_per_node)
+    args = parser.parse_args(argv)
+    state_dir = args.state_dir.resolve()
+    cluster = LocalCluster(
+        state_dir, ClusterOptions(nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+    )
+    if args.command == "up":
+        print(f"export KUBECONFIG={cluster.up().kubeconfig}")
+    elif args.command == "down":
+        cluster.down()
+        print("local cluster stopped", file=sys.stderr)
+    else:
+        if (info := cluster.info()) is None:
+            print("local cluster is not running", file=sys.stderr)
+            return 1
+        print(f"local cluster up at {info.server}\nexport KUBECONFIG={info.kubeconfig}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,401 @@
+"""Bring the local control plane up and down.
+
+Why it exists: one place knows the flags that make the upstream binaries a working cluster
+(TLS, RBAC, service-account tokens, PodSecurity admission, an audit log of writes) and the order
+in which they start. ``up`` is idempotent: a healthy cluster is reused; anything else recorded is
+stopped first, and a failed start stops what it started, so it leaves no orphans.
+"""
+
+import base64
+import datetime
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kiln_localcluster import pki
+from kiln_localcluster.nodes import build_gpu_node
+from kiln_localcluster.processes import ProcessTable, Started, is_running, spawn
+from kiln_localcluster.waiting import wait_for
+
+_PACKAGE = Path(__file__).resolve().parent
+BINARIES_SCRIPT = _PACKAGE.parent / "cluster" / "binaries.sh"
+SERVICE_CIDR = "10.96.0.0/16"
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """What kind of cluster to start."""
+
+    nodes: int = 4
+    gpus_per_node: int = 8
+    gpu_product: str = "NVIDIA-A100-SXM4-80GB"
+    # Node i gets <prefix>.i.0/24; the pod IPs kwok hands out come from there.
+    pod_cidr_prefix: str = "10.244"
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """Where a running cluster is; saved as cluster.json beside its processes."""
+
+    server: str
+    kubeconfig: str
+    bin_dir: str
+    audit_log: str
+    etcd: str
+
+
+class LocalCluster:
+    """The cluster whose state lives under ``state_dir`` (a checkout's ``.kiln``)."""
+
+    def __init__(self, state_dir: Path, options: ClusterOptions | None = None) -> None:
+        self.state_dir = state_dir
+        self.options = options or ClusterOptions()
+        self.dir = state_dir / "cluster"
+        self.kubeconfig = state_dir / "kubeconfig"
+        self._info_path = self.dir / "cluster.json"
+
+    # ------------------------------------------------------------------ queries
+    def info(self) -> ClusterInfo | None:
+        """The running cluster's coordinates, or None when it is not (fully) up."""
+        if not self._info_path.exists():
+            return None
+        table = ProcessTable(self.dir / "processes.json")
+        if not table.processes or not all(is_running(p) for p in table.processes):
+            return None
+        info = ClusterInfo(**json.loads(self._info_path.read_text()))
+        return info if self._api_ready(info.server) else None
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        material = pki.Pki(self.dir / "pki")
+        context = ssl.create_default_context(cafile=str(material.ca_cert))
+        context.load_cert_chain(
+            str(material.client_cert(pki.ADMIN)), str(material.client_key(pki.ADMIN))
+        )
+        return context
+
+    def _api_ready(self, server: str) -> bool:
+        try:
+            with urllib.request.urlopen(
+                f"{server}/readyz", context=self._ssl_context(), timeout=2
+            ) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    # ------------------------------------------------------------------ up / down
+    def up(self) -> ClusterInfo:
+        """Start the cluster (or reuse a healthy one) and wait until every node is Ready."""
+        running = self.info()
+        if running is not None:
+            _say(f"local cluster already up at {running.server}")
+            return running
+        self.down()
+        bin_dir = resolve_binaries()
+        started = time.monotonic()
+        table = ProcessTable(self.dir / "processes.json")
+        try:
+            info = self._start(bin_dir, table)
+        except BaseException:
+            _say("start failed: stopping what was started")
+            table.stop_all()
+            raise
+        _say(f"local cluster up in {time.monotonic() - started:.1f}s at {info.server}")
+        return info
+
+    def down(self) -> None:
+        """Stop exactly the processes this cluster started (by PID) and forget its state."""
+        table_path = self.dir / "processes.json"
+        if table_path.exists():
+            ProcessTable(table_path).stop_all()
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        self.kubeconfig.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ the start sequence
+    def _start(self, bin_dir: Path, table: ProcessTable) -> ClusterInfo:
+        logs = self.dir / "logs"
+        material = pki.create_pki(
+            self.dir / "pki",
+            [pki.ADMIN, pki.CONTROLLER_MANAGER, pki.SCHEDULER, pki.KWOK],
+            datetime.datetime.now(datetime.UTC),
+        )
+        etcd_port, peer_port, api_port = _free_ports(3)
+        etcd_url = f"http://127.0.0.1:{etcd_port}"
+        server = f"https://127.0.0.1:{api_port}"
+        kubeconfigs = {
+            identity.name: self._write_kubeconfig(material, identity, server)
+            for identity in (pki.CONTROLLER_MANAGER, pki.SCHEDULER, pki.KWOK)
+        }
+        admin_kubeconfig = self._write_kubeconfig(material, pki.ADMIN, server)
+        audit_log = self.dir / "audit.log"
+        info = ClusterInfo(
+            server=server,
+            kubeconfig=str(self.kubeconfig),
+            bin_dir=str(bin_dir),
+            audit_log=str(audit_log),
+            etcd=etcd_url,
+        )
+
+        _say("starting etcd")
+        etcd = spawn(
+            "etcd",
+            [
+                str(bin_dir / "etcd"),
+                "--name=kiln",
+                f"--data-dir={self.dir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-cluster=kiln=http://127.0.0.1:{peer_port}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+            logs / "etcd.log",
+        )
+        table.add(etcd)
+        _await_start(etcd, lambda: _http_ok(f"{etcd_url}/health"), timeout=30)
+
+        _say("starting kube-apiserver")
+        apiserver = spawn(
+            "kube-apiserver",
+            [
+                str(bin_dir / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                "--advertise-address=127.0.0.1",
+                # The endpoint reconciler refuses a loopback address; the `kubernetes` Service's
+                # endpoints are not needed by anything that runs here.
+                "--endpoint-reconciler-type=none",
+                f"--tls-cert-file={material.serving_cert}",
+                f"--tls-private-key-file={material.serving_key}",
+                f"--client-ca-file={material.ca_cert}",
+                "--authorization-mode=RBAC",
+                "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,PodSecurity,"
+                "DefaultTolerationSeconds,ResourceQuota,LimitRanger",
+                "--allow-privileged=true",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={material.service_account_pub}",
+                f"--service-account-signing-key-file={material.service_account_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--audit-policy-file={_PACKAGE / 'audit-policy.yaml'}",
+                f"--audit-log-path={audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-mode=blocking",
+                "--audit-log-maxsize=200",
+                "--profiling=false",
+                "--v=1",
+            ],
+            logs / "kube-apiserver.log",
+        )
+        table.add(apiserver)
+        _await_start(apiserver, lambda: self._api_ready(server), timeout=60)
+
+        _say("starting kube-controller-manager, kube-scheduler and kwok")
+        table.add(
+            spawn(
+                "kube-controller-manager",
+                [
+                    str(bin_dir / "kube-controller-manager"),
+                    f"--kubeconfig={kubeconfigs[pki.CONTROLLER_MANAGER.name]}",
+                    "--bind-address=127.0.0.1",
+                    "--secure-port=0",
+                    "--leader-elect=false",
+                    "--controllers=*",
+                    "--use-service-account-credentials=true",
+                    f"--service-account-private-key-file={material.service_account_key}",
+                    f"--root-ca-file={material.ca_cert}",
+                    f"--service-cluster-ip-range={SERVICE_CIDR}",
+                    "--concurrent-deployment-syncs=10",
+                    "--concurrent-replicaset-syncs=10",
+                    "--concurrent-gc-syncs=20",
+                    "--kube-api-qps=200",
+                    "--kube-api-burst=400",
+                    "--v=1",
+                ],
+                logs / "kube-controller-manager.log",
+            )
+        )
+        table.add(
+            spawn(
+                "kube-scheduler",
+                [
+                    str(bin_dir / "kube-scheduler"),
+                    f"--kubeconfig={kubeconfigs[pki.SCHEDULER.name]}",
+                    f"--authentication-kubeconfig={kubeconfigs[pki.SCHEDULER.name]}",
+                    f"--authorization-kubeconfig={kubeconfigs[pki.SCHEDULER.name]}",
+                    "--bind-address=127.0.0.1",
+                    "--secure-port=0",
+                    "--leader-elect=false",
+                    "--v=1",
+                ],
+                logs / "kube-scheduler.log",
+            )
+        )
+        table.add(
+            spawn(
+                "kwok",
+                [
+                    str(bin_dir / "kwok"),
+                    f"--kubeconfig={kubeconfigs[pki.KWOK.name]}",
+                    f"--config={_PACKAGE / 'kwok-pod-stages.yaml'}",
+                    "--manage-all-nodes=false",
+                    "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                    "--node-lease-duration-seconds=40",
+                    "--server-address=",
+                ],
+                logs / "kwok.log",
+            )
+        )
+
+        for process in table.processes:
+            if not is_running(process):
+                raise RuntimeError(f"{process.name} exited during start; see {process.log}")
+        self.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(admin_kubeconfig, self.kubeconfig)
+        self.kubeconfig.chmod(0o600)
+        self._info_path.write_text(json.dumps(asdict(info), indent=2))
+
+        _say(f"creating {self.options.nodes} fake GPU nodes")
+        nodes = [
+            build_gpu_node(
+                i,
+                gpus=self.options.gpus_per_node,
+                product=self.options.gpu_product,
+                pod_cidr=f"{self.options.pod_cidr_prefix}.{i}.0/24",
+            )
+            for i in range(self.options.nodes)
+        ]
+        kubectl(info, "apply", "-f", "-", input=yaml.safe_dump_all(nodes))
+        kubectl(info, "wait", "--for=condition=Ready", "node", "--all", "--timeout=60s")
+        wait_for(
+            lambda: (
+                kubectl(
+                    info, "get", "serviceaccount", "default", "-n", "default", check=False
+                ).returncode
+                == 0
+            ),
+            timeout=30,
+            description="the default service account (service-account controller)",
+        )
+        return info
+
+    def _write_kubeconfig(self, material: pki.Pki, identity: pki.Identity, server: str) -> Path:
+        path = self.dir / "kubeconfigs" / f"{identity.name.replace(':', '-')}.kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        config: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "kiln-local",
+                    "cluster": {
+                        "server": server,
+                        "certificate-authority-data": _b64(material.ca_cert),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": identity.name,
+                    "user": {
+                        "client-certificate-data": _b64(material.client_cert(identity)),
+                        "client-key-data": _b64(material.client_key(identity)),
+                    },
+                }
+            ],
+            "contexts": [
+                {
+                    "name": "kiln-local",
+                    "context": {
+                        "cluster": "kiln-local",
+                        "user": identity.name,
+                    },
+                }
+            ],
+            "current-context": "kiln-local",
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+
+def kubectl(
+    info: ClusterInfo, *args: str, input: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run the cluster's own kubectl against it; raise with kubectl's stderr on failure."""
+    result = subprocess.run(
+        [str(Path(info.bin_dir) / "kubectl"), f"--kubeconfig={info.kubeconfig}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+    return result
+
+
+def resolve_binaries() -> Path:
+    """The directory of the pinned binaries (the script may build them: progress on stderr)."""
+    result = subprocess.run(
+        ["bash", str(BINARIES_SCRIPT)],
+        stdout=subprocess.PIPE,
+        stderr=sys.stderr,
+        text=True,
+        check=True,
+    )
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def _await_start(process: Started, ready: Callable[[], bool], *, timeout: float) -> None:
+    """Wait until ``ready()``; fail at once, naming the log, if the process exits first."""
+
+    def check() -> str | None:
+        if not is_running(process):
+            return "exited"
+        return "ready" if ready() else None
+
+    outcome = wait_for(check, timeout=timeout, interval=0.2, description=f"{process.name} ready")
+    if outcome == "exited":
+        raise RuntimeError(f"{process.name} exited during start; see {process.log}")
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def _say(message: str) -> None:
+    print(f"[kiln-localcluster] {message}", file=sys.stderr, flush=True)
