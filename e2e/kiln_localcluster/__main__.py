@@ -5,11 +5,12 @@ import sys
 from pathlib import Path
 
 from kiln_localcluster.cluster import ClusterOptions, LocalCluster
+from kiln_localcluster.podrunner import run_forever
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kiln-localcluster", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument("command", choices=["up", "down", "status", "run-pods"])
     parser.add_argument(
         "--state-dir",
         type=Path,
@@ -28,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "down":
         cluster.down()
         print("local cluster stopped", file=sys.stderr)
+    elif args.command == "run-pods":
+        info = cluster.recorded_info()
+        if info is None:
+            print("local cluster is not running", file=sys.stderr)
+            return 1
+        run_forever(cluster.api_reader(info.server), cluster.network, cluster.dir)
     else:
         if (info := cluster.info()) is None:
             print("local cluster is not running", file=sys.stderr)

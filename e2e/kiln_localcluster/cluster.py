@@ -23,8 +23,9 @@ from typing import Any
 
 import yaml
 
-from kiln_localcluster import pki
+from kiln_localcluster import pki, podnet
 from kiln_localcluster.nodes import build_gpu_node
+from kiln_localcluster.podrunner import ApiReader
 from kiln_localcluster.processes import ProcessTable, Started, is_running, spawn
 from kiln_localcluster.waiting import wait_for
 
@@ -64,17 +65,26 @@ class LocalCluster:
         self.dir = state_dir / "cluster"
         self.kubeconfig = state_dir / "kubeconfig"
         self._info_path = self.dir / "cluster.json"
+        self.network = podnet.PodNetwork(
+            pod_cidr=f"{self.options.pod_cidr_prefix}.0.0/16", service_cidr=SERVICE_CIDR
+        )
 
     # ------------------------------------------------------------------ queries
     def info(self) -> ClusterInfo | None:
         """The running cluster's coordinates, or None when it is not (fully) up."""
-        if not self._info_path.exists():
+        info = self.recorded_info()
+        if info is None:
             return None
         table = ProcessTable(self.dir / "processes.json")
         if not table.processes or not all(is_running(p) for p in table.processes):
             return None
-        info = ClusterInfo(**json.loads(self._info_path.read_text()))
         return info if self._api_ready(info.server) else None
+
+    def recorded_info(self) -> ClusterInfo | None:
+        """The coordinates the last start wrote, without checking that anything runs."""
+        if not self._info_path.exists():
+            return None
+        return ClusterInfo(**json.loads(self._info_path.read_text()))
 
     def _ssl_context(self) -> ssl.SSLContext:
         material = pki.Pki(self.dir / "pki")
@@ -83,6 +93,9 @@ class LocalCluster:
             str(material.client_cert(pki.ADMIN)), str(material.client_key(pki.ADMIN))
         )
         return context
+
+    def api_reader(self, server: str) -> "ApiReader":
+        return ApiReader(server, self._ssl_context())
 
     def _api_ready(self, server: str) -> bool:
         try:
@@ -118,6 +131,15 @@ class LocalCluster:
         table_path = self.dir / "processes.json"
         if table_path.exists():
             ProcessTable(table_path).stop_all()
+        # Pods whose runner was killed before it could stop them: their processes and namespaces.
+        pods_path = self.dir / "pods.json"
+        if pods_path.exists():
+            leftovers = ProcessTable(pods_path)
+            for process in leftovers.processes:
+                podnet.detach(process.name.split(":")[1])
+            leftovers.stop_all()
+        if podnet.available() is None:
+            podnet.remove_bridge(self.network)
         if self.dir.exists():
             shutil.rmtree(self.dir)
         self.kubeconfig.unlink(missing_ok=True)
@@ -267,6 +289,23 @@ class LocalCluster:
         shutil.copyfile(admin_kubeconfig, self.kubeconfig)
         self.kubeconfig.chmod(0o600)
         self._info_path.write_text(json.dumps(asdict(info), indent=2))
+        if (reason := podnet.available()) is None:
+            podnet.create_bridge(self.network)
+            table.add(
+                spawn(
+                    "pod-runner",
+                    [
+                        sys.executable,
+                        "-m",
+                        "kiln_localcluster",
+                        "run-pods",
+                        f"--state-dir={self.state_dir}",
+                    ],
+                    logs / "pod-runner.log",
+                )
+            )
+        else:
+            _say(f"no pod runner: {reason}; pods will not run real processes")
 
         _say(f"creating {self.options.nodes} fake GPU nodes")
         nodes = [

@@ -103,6 +103,10 @@ class ProcessTable:
         self.processes.append(process)
         self._save()
 
+    def remove(self, process: Started) -> None:
+        self.processes = [p for p in self.processes if p != process]
+        self._save()
+
     def stop_all(self) -> None:
         """Stop in reverse start order (kwok before the API server, etcd last)."""
         for process in reversed(self.processes):

@@ -1,9 +1,6 @@
 """Processes are stopped by PID only while the PID still names the process that was started."""
 
 import dataclasses
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,19 +18,15 @@ def test_spawned_process_survives_until_stopped(tmp_path: Path) -> None:
 
 
 def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
-    bystander = subprocess.Popen(["sleep", "60"])
+    bystander = spawn("bystander", ["sleep", "60"], tmp_path / "bystander.log")
     try:
-        recorded = spawn("ours", ["sleep", "60"], tmp_path / "ours.log")
-        os.kill(recorded.pid, signal.SIGKILL)
-        os.waitpid(recorded.pid, 0)
-        # Pretend the bystander got our old PID: same PID number, different start time.
-        impostor = dataclasses.replace(recorded, pid=bystander.pid)
-        assert not is_running(impostor)
-        stop(impostor)
-        assert bystander.poll() is None
+        # A record of an earlier process that had the bystander's PID: same PID, older start.
+        stale = dataclasses.replace(bystander, start_ticks=bystander.start_ticks - 1)
+        assert not is_running(stale)
+        stop(stale)
+        assert is_running(bystander)
     finally:
-        bystander.kill()
-        bystander.wait()
+        stop(bystander)
 
 
 def test_stubborn_process_is_killed_after_the_grace(tmp_path: Path) -> None:
