@@ -5,8 +5,11 @@ real ``kiln_runtime`` behind each pod. Like a kubelet, the runner watches the po
 placed and kwok marked Running, and for each whose container runs ``python -m kiln_runtime`` it
 starts that command as a local process inside a network namespace holding the pod's IP
 (``podnet``). PersistentVolumeClaim mounts resolve, as a kubelet would, through the claim's bound
-PersistentVolume to its ``hostPath`` or ``local`` directory. A pod that goes away has its process
-stopped with SIGTERM and its termination grace period, then SIGKILL. Other pods are ignored.
+PersistentVolume to its ``hostPath`` or ``local`` directory. The fake GPU nodes have no GPU, so
+a runtime config asking for CUDA is run on the CPU instead (said in the pod's log). A pod that goes
+away has its process stopped with SIGTERM and its termination grace period, then SIGKILL; a
+process that crashes is restarted with a doubling back-off, as a kubelet does. Other pods are
+ignored.
 """
 
 import json
@@ -26,8 +29,10 @@ from kiln_localcluster import podnet
 from kiln_localcluster.processes import ProcessTable, Started, is_running, spawn, stop
 
 RUNTIME_COMMAND = ["python", "-m", "kiln_runtime"]
+RUNTIME_CONFIG_ENV = "KILN_RUNTIME_CONFIG"
 POLL_SECONDS = 0.5
-RESTART_BACKOFF_SECONDS = 5.0
+FIRST_RESTART_BACKOFF_SECONDS = 5.0
+MAX_RESTART_BACKOFF_SECONDS = 160.0
 SHUTDOWN_GRACE_CAP_SECONDS = 5.0
 
 Pod = dict[str, Any]
@@ -38,6 +43,13 @@ class _Running:
     process: Started
     grace: float
     exited_at: float | None = None
+    restarts: int = 0
+
+    @property
+    def backoff(self) -> float:
+        return float(
+            min(MAX_RESTART_BACKOFF_SECONDS, FIRST_RESTART_BACKOFF_SECONDS * 2.0**self.restarts)
+        )
 
 
 def runs_kiln_runtime(pod: Pod) -> bool:
@@ -57,7 +69,20 @@ def local_env(container: dict[str, Any], mounts: dict[str, str]) -> dict[str, st
     for variable in container.get("env", []):
         if "value" in variable:
             env[variable["name"]] = _rewrite(variable["value"], mounts)
+    if RUNTIME_CONFIG_ENV in env:
+        env[RUNTIME_CONFIG_ENV] = on_cpu(env[RUNTIME_CONFIG_ENV])
     return env
+
+
+def on_cpu(runtime_config: str) -> str:
+    """The runtime config with CUDA replaced by the CPU: a fake GPU node has no GPU."""
+    config = json.loads(runtime_config)
+    optimization = config.get("optimization") or {}
+    if optimization.get("device") == "cuda" or optimization.get("cudaGraphs"):
+        optimization["device"] = "cpu"
+        optimization["cudaGraphs"] = False
+        config["optimization"] = optimization
+    return json.dumps(config)
 
 
 def _rewrite(value: str, mounts: dict[str, str]) -> str:
@@ -121,10 +146,10 @@ class PodRunner:
                 now = time.monotonic()
                 if current.exited_at is None:
                     current.exited_at = now
-                    _log(f"{current.process.name} exited; restarting in {RESTART_BACKOFF_SECONDS}s")
-                elif now - current.exited_at >= RESTART_BACKOFF_SECONDS:
+                    _log(f"{current.process.name} exited; restarting in {current.backoff:.0f}s")
+                elif now - current.exited_at >= current.backoff:
                     self._forget(uid)
-                    self._start(pod)
+                    self._start(pod, restarts=current.restarts + 1)
 
     def shutdown(self) -> None:
         threads = [
@@ -138,7 +163,7 @@ class PodRunner:
         for thread in threads:
             thread.join()
 
-    def _start(self, pod: Pod) -> None:
+    def _start(self, pod: Pod, restarts: int = 0) -> None:
         meta = pod["metadata"]
         uid, where = meta["uid"], f"{meta['namespace']}/{meta['name']}"
         try:
@@ -157,7 +182,7 @@ class PodRunner:
         )
         self.table.add(process)
         grace = float(pod["spec"].get("terminationGracePeriodSeconds", 30))
-        self.running[uid] = _Running(process=process, grace=grace)
+        self.running[uid] = _Running(process=process, grace=grace, restarts=restarts)
         _log(f"pod {where}: started pid {process.pid} at {pod['status']['podIP']}")
 
     def _stop(self, uid: str, grace: float) -> None:

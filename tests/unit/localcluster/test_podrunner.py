@@ -1,8 +1,9 @@
 """The pod runner runs only Kiln runtime pods, with mount paths mapped to host directories."""
 
+import json
 import sys
 
-from kiln_localcluster.podrunner import local_argv, local_env, runs_kiln_runtime
+from kiln_localcluster.podrunner import local_argv, local_env, on_cpu, runs_kiln_runtime
 
 
 def pod_with(command: list[str]) -> dict[str, object]:
@@ -35,3 +36,17 @@ def test_mount_paths_become_host_paths_in_args_and_env() -> None:
     env = local_env(container, mounts)
     assert env["CFG"] == "/srv/volumes/m"
     assert "REF" not in env
+
+
+def test_a_cuda_config_runs_on_the_cpu_of_a_fake_gpu_node() -> None:
+    config = {
+        "model": {"name": "m"},
+        "optimization": {"device": "cuda", "cudaGraphs": True, "precision": "bf16"},
+    }
+    assert json.loads(on_cpu(json.dumps(config)))["optimization"] == {
+        "device": "cpu",
+        "cudaGraphs": False,
+        "precision": "bf16",
+    }
+    untouched = {"optimization": {"device": "auto"}}
+    assert json.loads(on_cpu(json.dumps(untouched))) == untouched
