@@ -1,16 +1,51 @@
 #!/usr/bin/env bash
-# `make demo`: Kiln's main job on this machine — a real local control plane with fake GPU nodes.
-# Later stages (operator, sample InferenceService, load) are added as they land.
+# `make demo`: Kiln's main job on this machine. A real control plane with fake GPU nodes; Kiln's
+# CRD and operator; an InferenceService whose pods run real kiln_runtime processes at their pod
+# IPs; the warm-up gate letting each pod in only after it met its p99; then a bounded load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 py=.venv/bin/python
+ns=kiln-demo
+state=.kiln/demo
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+step "Local cluster: etcd, kube-apiserver, controller-manager, scheduler, kwok GPU nodes"
 "$py" -m kiln_localcluster up
 export KUBECONFIG="$PWD/.kiln/kubeconfig"
 kubectl=$(bash e2e/cluster/binaries.sh)/kubectl
-
-echo
-echo "== GPU nodes (kwok) =="
 "$kubectl" get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count
+
+step "Kiln's CRD"
+"$kubectl" apply -k crds/
+"$kubectl" wait --for=condition=Established --timeout=60s crd/inferenceservices.serving.kiln.dev
+
+step "A model built in code, offered to the cluster as the claim 'models'"
+mkdir -p "$state"
+"$py" -m kiln_runtime example-model --kind mlp --out "$state/models/mlp"
+"$kubectl" create namespace "$ns" --dry-run=client -o yaml | "$kubectl" apply -f -
+"$py" -m kiln_localcluster provide-claim --namespace "$ns" --claim models --dir "$state/models"
+
+step "The operator (log: $state/operator.log)"
+"$py" -m kiln_operator run --standalone --namespace "$ns" >"$state/operator.log" 2>&1 &
+operator_pid=$!
+trap 'kill "$operator_pid" 2>/dev/null; wait "$operator_pid" 2>/dev/null || true' EXIT
+
+step "An InferenceService: kubectl apply -f e2e/demo/inferenceservice.yaml"
+"$kubectl" apply -n "$ns" -f e2e/demo/inferenceservice.yaml
+echo "waiting for both pods to pass warm-up (the runtime loads, warms itself, then the gate measures)"
+"$kubectl" wait -n "$ns" --for=condition=Ready inferenceservice/mlp --timeout=300s
+"$kubectl" get inferenceservices -n "$ns"
 echo
-echo "The cluster keeps running: export KUBECONFIG=$KUBECONFIG ; stop it with 'make cluster-down'."
+"$kubectl" get pods -n "$ns" -o wide
+echo
+"$kubectl" get pods -n "$ns" -o \
+  jsonpath='{range .items[*]}{.metadata.name}{"  "}{.status.conditions[?(@.type=="serving.kiln.dev/warmed-up")].message}{"\n"}{end}'
+
+step "Load: gRPC requests over the Service's ready endpoints for 10 s"
+"$py" e2e/demo/load.py --kubectl "$kubectl" --namespace "$ns" --service mlp --model mlp \
+  --seconds 10 --concurrency 16
+
+step "Done"
+echo "The cluster keeps running:  export KUBECONFIG=$KUBECONFIG"
+echo "Run the operator again with 'make run-operator'; stop everything with 'make cluster-down'."

@@ -6,17 +6,21 @@ from pathlib import Path
 
 from kiln_localcluster.cluster import ClusterOptions, LocalCluster
 from kiln_localcluster.podrunner import run_forever
+from kiln_localcluster.volumes import provision_claim
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kiln-localcluster", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "status", "run-pods"])
+    parser.add_argument("command", choices=["up", "down", "status", "run-pods", "provide-claim"])
     parser.add_argument(
         "--state-dir",
         type=Path,
         default=Path(".kiln"),
         help="where the cluster keeps its state and kubeconfig (default: ./.kiln)",
     )
+    parser.add_argument("--namespace", help="provide-claim: the claim's namespace")
+    parser.add_argument("--claim", help="provide-claim: the claim's name")
+    parser.add_argument("--dir", type=Path, help="provide-claim: the directory it offers")
     parser.add_argument("--nodes", type=int, default=ClusterOptions.nodes)
     parser.add_argument("--gpus-per-node", type=int, default=ClusterOptions.gpus_per_node)
     args = parser.parse_args(argv)
@@ -29,6 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "down":
         cluster.down()
         print("local cluster stopped", file=sys.stderr)
+    elif args.command == "provide-claim":
+        if (info := cluster.info()) is None or not (args.namespace and args.claim and args.dir):
+            print("needs a running cluster and --namespace, --claim, --dir", file=sys.stderr)
+            return 1
+        provision_claim(info, args.namespace, args.claim, args.dir)
     elif args.command == "run-pods":
         info = cluster.recorded_info()
         if info is None:
