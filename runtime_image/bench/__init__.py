@@ -1,0 +1,1 @@
+"""The runtime benchmark: kiln_runtime against Triton (via nvidia-pytriton) on loopback."""

@@ -1,0 +1,158 @@
+"""Start the servers under test on loopback, pinned to the server core, and stop them by PID."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HOST = "127.0.0.1"
+BENCH_DIR = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    label: str
+    process: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the server process and its children (Triton has several)."""
+        total = 0
+        for pid in [self.process.pid, *_children(self.process.pid)]:
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            for line in status.splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        return total
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == pid:
+            found.append(int(entry.name))
+            found.extend(_children(int(entry.name)))
+    return found
+
+
+def _wait_ready(server: Server, path: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"{server.label} exited with {server.process.returncode}")
+        try:
+            connection = http.client.HTTPConnection(HOST, server.http_port, timeout=2)
+            connection.request("GET", path)
+            if connection.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{server.label} not ready within {seconds} s")
+
+
+@contextmanager
+def kiln(
+    model_dir: Path, name: str, core: int, log: Path, optimization: dict[str, Any] | None = None
+) -> Iterator[Server]:
+    config = json.loads((model_dir / "config.json").read_text())
+    config["optimization"] = {**config.get("optimization", {}), **(optimization or {})}
+    config_file = log.with_suffix(".config.json")
+    config_file.write_text(json.dumps(config))
+    ports = free_port(), free_port(), free_port()
+    command = [
+        "taskset", "-c", str(core), sys.executable, "-m", "kiln_runtime", "serve",
+        "--model-path", str(model_dir / "model.pt"), "--model-name", name,
+        "--config", str(config_file), "--host", HOST, "--http-port", str(ports[0]),
+        "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), "--torch-threads", "1",
+        "--log-level", "WARNING",
+    ]  # fmt: skip
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    server = Server("kiln", process, *ports)
+    try:
+        _wait_ready(server, "/v2/health/ready", 120)
+        yield server
+    finally:
+        _stop(process)
+
+
+@contextmanager
+def triton(model_dir: Path, name: str, core: int, log: Path, python: Path) -> Iterator[Server]:
+    """Triton via nvidia-pytriton, run by ``python`` (the benchmark virtualenv's interpreter)."""
+    ports = free_port(), free_port(), free_port()
+    command = [
+        "taskset", "-c", str(core), str(python), "-m", "bench.pytriton_server",
+        "--model-dir", str(model_dir), "--name", name, "--host", HOST,
+        "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
+        "--metrics-port", str(ports[2]),
+    ]  # fmt: skip
+    libdir = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    env = {
+        **os.environ,
+        # Triton's Python-backend stub must load the libpython of the interpreter whose
+        # standard library it runs, not another 3.x found first on the system.
+        "LD_LIBRARY_PATH": os.pathsep.join(
+            filter(None, [libdir, os.environ.get("LD_LIBRARY_PATH")])
+        ),
+        "PYTHONPATH": str(BENCH_DIR.parent),
+    }
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    server = Server("triton", process, *ports)
+    try:
+        _wait_ready(server, f"/v2/models/{name}/ready", 180)
+        yield server
+    finally:
+        _stop(process, group=True)
+
+
+def _stop(process: subprocess.Popen[bytes], group: bool = False) -> None:
+    if process.poll() is not None:
+        return
+    if group:
+        os.killpg(process.pid, signal.SIGTERM)  # the session this benchmark started for Triton
+    else:
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        if group:
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
+            process.kill()
+        process.wait(10)

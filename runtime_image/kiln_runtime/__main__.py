@@ -1,0 +1,105 @@
+"""Command line: ``serve`` a model, or write an ``example-model`` built in code.
+
+python -m kiln_runtime serve --model-path PATH --model-name NAME [--config FILE] [--host ADDR]
+                             [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
+python -m kiln_runtime example-model --kind mlp|transformer --out DIR
+
+The config is read from ``--config`` or else from the ``KILN_RUNTIME_CONFIG`` variable (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+from kiln_runtime.config import ConfigError, parse_config_text
+
+CONFIG_ENV = "KILN_RUNTIME_CONFIG"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m kiln_runtime",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve one model over HTTP and gRPC")
+    serve.add_argument(
+        "--model-path",
+        type=Path,
+        required=True,
+        help="model file, or a directory holding model.pt / model.pt2 / model.onnx",
+    )
+    serve.add_argument("--model-name", required=True, help="the name clients address")
+    serve.add_argument("--config", type=Path, help=f"runtime config JSON (else ${CONFIG_ENV})")
+    serve.add_argument("--host", default="0.0.0.0", help="bind address for all three ports")
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="compute threads (default: one per CPU this process may use)",
+    )
+    serve.add_argument("--log-level", default="INFO")
+
+    example = commands.add_parser("example-model", help="write a model built in code + config")
+    example.add_argument("--kind", choices=("mlp", "transformer"), required=True)
+    example.add_argument("--out", type=Path, required=True)
+    example.add_argument("--name", default=None, help="model name in config.json (default: kind)")
+    example.add_argument("--format", choices=("torchscript", "torch_export"), default="torchscript")
+    return parser  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "example-model":
+        from kiln_runtime.examples import write_example
+
+        path = write_example(args.kind, args.out, name=args.name, fmt=args.format)
+        print(f"wrote {path} and {args.out / 'config.json'}")
+        return 0
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.config is not None:
+        try:
+            text = args.config.read_text()
+        except OSError as error:
+            print(f"error: cannot read --config: {error}", file=sys.stderr)
+            return 2
+    elif os.environ.get(CONFIG_ENV):
+        text = os.environ[CONFIG_ENV]
+    else:
+        print(f"error: a config is required (--config FILE or ${CONFIG_ENV})", file=sys.stderr)
+        return 2
+    try:
+        config = parse_config_text(text, model_name=args.model_name)
+    except ConfigError as error:
+        print(f"error: invalid runtime config: {error}", file=sys.stderr)
+        return 2
+
+    from kiln_runtime.server import ServeOptions, default_torch_threads, serve
+
+    options = ServeOptions(
+        model_path=args.model_path,
+        config=config,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        torch_threads=args.torch_threads or default_torch_threads(),
+    )
+    return asyncio.run(serve(options))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""Dynamic batching: callers submit one item and await one result; the model sees a batch.
+
+Contract (as Triton's dynamic batcher and Ray's ``@serve.batch``):
+- the queue is bounded: beyond ``max_queue_size`` items a submit fails at once (REJECTED);
+- an item whose deadline passed before its batch ran fails with DEADLINE and is not computed;
+- ``process`` gets the payloads of one batch and returns one result per payload, each either a
+  value or an ``InferError`` for that item alone; if ``process`` raises, every item of that
+  batch fails with that error, and the batcher goes on serving.
+
+Only one batch computes at a time (the model has one worker thread); the next batch collects
+while the current one runs. How long to wait for a batch to fill is ``batch_policy``'s call.
+
+A model that computes in well under a millisecond may run inline on the event loop: no thread
+hop, and requests parsed in the same loop turn still meet in one batch, because the batcher
+task forms it only after they have all been submitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from kiln_runtime import batch_policy, errors
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+log = logging.getLogger(__name__)
+
+
+class BatchObserver(Protocol):
+    """Receives what the batcher measures (the metrics module implements it)."""
+
+    def queue_depth(self, depth: int) -> None: ...
+
+    def queue_wait(self, seconds: float) -> None: ...
+
+    def batch_done(self, rows: int, compute_seconds: float) -> None: ...
+
+
+@dataclass
+class _Item(Generic[P, R]):
+    payload: P
+    rows: int
+    key: Hashable
+    enqueued: float
+    deadline: float | None
+    future: asyncio.Future[R | errors.InferError] = field(repr=False)
+
+
+class DynamicBatcher(Generic[P, R]):
+    """Collects items into batches and runs ``process`` on each batch in ``executor``.
+
+    ``process`` runs in the executor (a single thread for the model) unless ``executor`` is
+    None, then inline on the event loop, which suits only models that take microseconds
+    (see ``run_inline``).
+    """
+
+    def __init__(
+        self,
+        process: Callable[[Sequence[P]], Sequence[R | errors.InferError]],
+        *,
+        max_batch_rows: int,
+        max_delay_seconds: float,
+        max_queue_size: int,
+        executor: Executor | None,
+        observer: BatchObserver,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._process = process
+        self._max_rows = max_batch_rows
+        self._max_delay = max_delay_seconds
+        self._max_queue = max_queue_size
+        self._executor = executor
+        self._observer = observer
+        self._clock = clock
+        self._queue: collections.deque[_Item[P, R]] = collections.deque()
+        self._stats = batch_policy.TrafficStats()
+        self._arrived = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._computing = False
+        self._free_since = -math.inf  # when the model last finished a batch
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def inline(self) -> bool:
+        return self._executor is None
+
+    def run_inline(self) -> None:
+        """Compute on the event loop from now on (the model is too fast to pay a thread hop)."""
+        self._executor = None
+
+    @property
+    def idle(self) -> bool:
+        return not self._queue and not self._computing
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="kiln-batcher")
+
+    async def stop(self) -> None:
+        """Stop collecting; items still queued fail as UNAVAILABLE."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        while self._queue:
+            item = self._queue.popleft()
+            _settle(item, errors.InferError(errors.ErrorKind.UNAVAILABLE, "server is stopping"))
+        self._observer.queue_depth(0)
+
+    async def submit(
+        self, payload: P, *, rows: int, key: Hashable = None, deadline: float | None = None
+    ) -> R:
+        """Queue one item and wait for its result; raises ``InferError`` if it failed."""
+        if rows > self._max_rows:
+            raise errors.invalid(f"batch of {rows} exceeds the maximum batch size {self._max_rows}")
+        if len(self._queue) >= self._max_queue:
+            raise errors.InferError(
+                errors.ErrorKind.REJECTED,
+                f"queue is full ({self._max_queue} requests waiting); retry later",
+            )
+        now = self._clock()
+        self._stats = batch_policy.observe_arrival(self._stats, now)
+        future: asyncio.Future[R | errors.InferError] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Item(payload, rows, key, now, deadline, future))
+        self._observer.queue_depth(len(self._queue))
+        self._arrived.set()
+        result = await future
+        if isinstance(result, errors.InferError):
+            raise result
+        return result
+
+    async def _run(self) -> None:
+        while True:
+            if not self._queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+            await self._collect()
+            batch = self._take_batch()
+            if batch:
+                await self._compute(batch)
+                if self._executor is None:
+                    # The loop was blocked while computing: let it read the requests that
+                    # arrived meanwhile before the next batch is formed.
+                    await asyncio.sleep(0)
+
+    async def _collect(self) -> None:
+        """Wait while the policy expects the batch to fill, within the delay cap."""
+        while self._queue:
+            head_key = self._queue[0].key
+            queued_rows = sum(item.rows for item in self._queue if item.key == head_key)
+            wait = batch_policy.batch_wait_seconds(
+                queued_rows=queued_rows,
+                max_batch_rows=self._max_rows,
+                stats=self._stats,
+                max_delay_seconds=self._max_delay,
+                window_start=max(self._queue[0].enqueued, self._free_since),
+                now=self._clock(),
+            )
+            if wait <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout=wait)
+            except TimeoutError:
+                return
+
+    def _take_batch(self) -> list[_Item[P, R]]:
+        now = self._clock()
+        batch: list[_Item[P, R]] = []
+        rows = 0
+        head_key = self._queue[0].key if self._queue else None
+        kept: collections.deque[_Item[P, R]] = collections.deque()
+        while self._queue:
+            item = self._queue.popleft()
+            if item.future.done():  # the caller went away (cancelled)
+                continue
+            if item.deadline is not None and now >= item.deadline:
+                _settle(
+                    item,
+                    errors.InferError(errors.ErrorKind.DEADLINE, "deadline exceeded while queued"),
+                )
+                continue
+            if item.key != head_key or (batch and rows + item.rows > self._max_rows):
+                kept.append(item)
+                if item.key == head_key:
+                    break  # the batch is full; keep arrival order for the rest
+                continue
+            batch.append(item)
+            rows += item.rows
+            self._observer.queue_wait(now - item.enqueued)
+        kept.extend(self._queue)
+        self._queue = kept
+        self._observer.queue_depth(len(self._queue))
+        return batch
+
+    async def _compute(self, batch: list[_Item[P, R]]) -> None:
+        payloads = [item.payload for item in batch]
+        rows = sum(item.rows for item in batch)
+        self._computing = True
+        started = self._clock()
+        try:
+            if self._executor is None:
+                results = self._process(payloads)
+            else:
+                loop = asyncio.get_running_loop()
+                results = await loop.run_in_executor(self._executor, self._process, payloads)
+            if len(results) != len(batch):
+                raise errors.InferError(
+                    errors.ErrorKind.INTERNAL,
+                    f"model returned {len(results)} results for a batch of {len(batch)}",
+                )
+        except errors.InferError as error:
+            results = [error] * len(batch)
+        except Exception as error:
+            log.exception("batch of %d requests failed", len(batch))
+            failure = errors.InferError(errors.ErrorKind.INTERNAL, f"batch failed: {error}")
+            results = [failure] * len(batch)
+        finally:
+            self._computing = False
+            self._free_since = self._clock()
+        self._observer.batch_done(rows, self._free_since - started)
+        self._stats = batch_policy.observe_batch(self._stats, rows)
+        for item, result in zip(batch, results, strict=True):
+            _settle(item, result)
+
+
+def _settle(item: _Item[P, R], result: R | errors.InferError) -> None:
+    if not item.future.done():
+        item.future.set_result(result)

@@ -1,0 +1,256 @@
+"""The runtime's configuration: the JSON document the operator renders from an InferenceService.
+
+Parsing is pure and strict: an unknown key or a wrong value is a ``ConfigError`` naming the
+field, raised before anything is loaded, so a bad spec never half-starts a server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln_runtime.datatypes import SUPPORTED_DATATYPES
+
+FORMATS = ("torchscript", "torch_export", "onnx")
+MODES = ("eager", "script", "compile")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the offending field."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output. ``shape`` excludes the batch dimension; -1 means any size."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    version: str
+    format: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+@dataclass(frozen=True)
+class OptimizationConfig:
+    mode: str = "eager"
+    precision: str = "fp32"
+    cuda_graphs: bool = False
+    device: str = "auto"
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    max_batch_size: int = 32
+    max_queue_delay_microseconds: int = 2000
+    max_queue_size: int = 256
+
+
+@dataclass(frozen=True)
+class WarmupConfig:
+    batch_sizes: tuple[int, ...] = (1,)
+
+
+@dataclass(frozen=True)
+class DrainConfig:
+    timeout_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    model: ModelSpec
+    optimization: OptimizationConfig = field(default_factory=OptimizationConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    drain: DrainConfig = field(default_factory=DrainConfig)
+
+    def max_request_bytes(self) -> int:
+        """The largest request body accepted: the biggest batch as JSON text, with headroom.
+
+        JSON spends up to ~24 characters per number; variable dimensions lift the bound to a
+        fixed 64 MiB. Anything larger is refused before it is read.
+        """
+        per_row = 0
+        for spec in self.model.inputs:
+            if -1 in spec.shape:
+                return 64 << 20
+            count = 1
+            for dim in spec.shape:
+                count *= dim
+            per_row += count * 24
+        return per_row * self.batching.max_batch_size + (64 << 10)
+
+    def warmup_batch_sizes(self) -> tuple[int, ...]:
+        """Configured warm-up sizes within the batch cap, sorted, never empty."""
+        cap = self.batching.max_batch_size
+        sizes = sorted({min(size, cap) for size in self.warmup.batch_sizes})
+        return tuple(sizes) if sizes else (1,)
+
+
+def _object(value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: expected an object, got {type(value).__name__}")
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    return value
+
+
+def _choice(value: Any, where: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(f"{where}: {value!r} is not one of {list(choices)}")
+    return str(value)
+
+
+def _int(value: Any, where: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{where}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _tensor(value: Any, where: str) -> TensorSpec:
+    obj = _object(value, where, {"name", "datatype", "shape"})
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}.name: expected a non-empty string")
+    datatype = _choice(obj.get("datatype"), f"{where}.datatype", SUPPORTED_DATATYPES)
+    shape = obj.get("shape")
+    if not isinstance(shape, list):
+        raise ConfigError(f"{where}.shape: expected a list of integers (batch dimension excluded)")
+    dims = []
+    for i, dim in enumerate(shape):
+        if isinstance(dim, bool) or not isinstance(dim, int) or (dim < 1 and dim != -1):
+            raise ConfigError(f"{where}.shape[{i}]: expected a positive integer or -1, got {dim!r}")
+        dims.append(dim)
+    return TensorSpec(name=name, datatype=datatype, shape=tuple(dims))
+
+
+def _tensors(value: Any, where: str) -> tuple[TensorSpec, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}: expected a non-empty list of tensors")
+    specs = tuple(_tensor(item, f"{where}[{i}]") for i, item in enumerate(value))
+    names = [spec.name for spec in specs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}: duplicate tensor names {names}")
+    return specs
+
+
+def parse_config(document: Any, model_name: str | None = None) -> RuntimeConfig:
+    """Build a ``RuntimeConfig`` from the decoded JSON document.
+
+    ``model_name`` (from the command line) wins over ``model.name`` in the document.
+    """
+    root = _object(document, "config", {"model", "optimization", "batching", "warmup", "drain"})
+    if "model" not in root:
+        raise ConfigError("config.model: required (its inputs and outputs must be declared)")
+    model = _object(root["model"], "model", {"name", "version", "format", "inputs", "outputs"})
+    for key in ("inputs", "outputs"):
+        if key not in model:
+            raise ConfigError(f"model.{key}: required")
+    name = model_name or model.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError("model.name: required (in the config or as --model-name)")
+    spec = ModelSpec(
+        name=name,
+        version=str(model.get("version", "1")),
+        format=_choice(model.get("format", "torchscript"), "model.format", FORMATS),
+        inputs=_tensors(model["inputs"], "model.inputs"),
+        outputs=_tensors(model["outputs"], "model.outputs"),
+    )
+
+    opt = _object(
+        root.get("optimization", {}),
+        "optimization",
+        {"mode", "precision", "cudaGraphs", "device"},
+    )
+    cuda_graphs = opt.get("cudaGraphs", False)
+    if not isinstance(cuda_graphs, bool):
+        raise ConfigError(f"optimization.cudaGraphs: expected true or false, got {cuda_graphs!r}")
+    optimization = OptimizationConfig(
+        mode=_choice(opt.get("mode", "eager"), "optimization.mode", MODES),
+        precision=_choice(opt.get("precision", "fp32"), "optimization.precision", PRECISIONS),
+        cuda_graphs=cuda_graphs,
+        device=_choice(opt.get("device", "auto"), "optimization.device", DEVICES),
+    )
+
+    bat = _object(
+        root.get("batching", {}),
+        "batching",
+        {"maxBatchSize", "maxQueueDelayMicroseconds", "maxQueueSize"},
+    )
+    batching = BatchingConfig(
+        max_batch_size=_int(bat.get("maxBatchSize", 32), "batching.maxBatchSize", 1),
+        max_queue_delay_microseconds=_int(
+            bat.get("maxQueueDelayMicroseconds", 2000), "batching.maxQueueDelayMicroseconds", 0
+        ),
+        max_queue_size=_int(bat.get("maxQueueSize", 256), "batching.maxQueueSize", 1),
+    )
+
+    warm = _object(root.get("warmup", {}), "warmup", {"batchSizes"})
+    sizes = warm.get("batchSizes", [1])
+    if not isinstance(sizes, list):
+        raise ConfigError("warmup.batchSizes: expected a list of positive integers")
+    warmup = WarmupConfig(
+        batch_sizes=tuple(_int(s, f"warmup.batchSizes[{i}]", 1) for i, s in enumerate(sizes))
+    )
+
+    dr = _object(root.get("drain", {}), "drain", {"timeoutSeconds"})
+    timeout = dr.get("timeoutSeconds", 30)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
+        raise ConfigError(f"drain.timeoutSeconds: expected a number >= 0, got {timeout!r}")
+    drain = DrainConfig(timeout_seconds=float(timeout))
+
+    return RuntimeConfig(
+        model=spec, optimization=optimization, batching=batching, warmup=warmup, drain=drain
+    )
+
+
+def parse_config_text(text: str, model_name: str | None = None) -> RuntimeConfig:
+    """Parse the JSON text of a config (a file or the ``KILN_RUNTIME_CONFIG`` variable)."""
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"config is not valid JSON: {error}") from error
+    return parse_config(document, model_name)
+
+
+def to_document(config: RuntimeConfig) -> dict[str, Any]:
+    """The camelCase JSON document for ``config`` (what ``parse_config`` reads back)."""
+
+    def tensors(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
+        return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
+
+    return {
+        "model": {
+            "name": config.model.name,
+            "version": config.model.version,
+            "format": config.model.format,
+            "inputs": tensors(config.model.inputs),
+            "outputs": tensors(config.model.outputs),
+        },
+        "optimization": {
+            "mode": config.optimization.mode,
+            "precision": config.optimization.precision,
+            "cudaGraphs": config.optimization.cuda_graphs,
+            "device": config.optimization.device,
+        },
+        "batching": {
+            "maxBatchSize": config.batching.max_batch_size,
+            "maxQueueDelayMicroseconds": config.batching.max_queue_delay_microseconds,
+            "maxQueueSize": config.batching.max_queue_size,
+        },
+        "warmup": {"batchSizes": list(config.warmup.batch_sizes)},
+        "drain": {"timeoutSeconds": config.drain.timeout_seconds},
+    }

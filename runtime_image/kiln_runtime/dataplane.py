@@ -1,0 +1,332 @@
+"""The one data plane behind both protocols: health, metadata, validation, batching, metrics.
+
+REST and gRPC adapters decode the wire into an ``InferRequest``, call ``DataPlane.infer`` and
+encode the ``InferResponse``; everything a request must satisfy is checked here, once, and
+every failure is an ``InferError`` whose kind the adapters map through ``errors``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from kiln_runtime import errors
+from kiln_runtime.batcher import DynamicBatcher
+from kiln_runtime.config import RuntimeConfig, TensorSpec
+from kiln_runtime.datatypes import numpy_carrier
+from kiln_runtime.metrics import RuntimeMetrics
+from kiln_runtime.protocol.types import InferRequest, InferResponse, Tensor
+
+log = logging.getLogger(__name__)
+
+# A model whose largest warm-up batch computes faster than this runs on the event loop: a
+# thread hop would cost a large share of its latency, and blocking the loop this briefly
+# delays no one noticeably.
+INLINE_BELOW_SECONDS = 0.001
+
+Arrays = list[npt.NDArray[Any]]
+
+
+class Model(Protocol):
+    """What the data plane needs of a model (``model.ModelRunner`` in production)."""
+
+    def forward(self, inputs: Arrays) -> Arrays: ...
+
+    def warm_up(self, batch_sizes: Sequence[int], repeats: int = 2) -> float: ...
+
+
+class DataPlane:
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        metrics: RuntimeMetrics,
+        executor: Executor | None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self._model: Model | None = None
+        self._executor = executor
+        self._spec = config.model
+        self._inputs = {spec.name: spec for spec in self._spec.inputs}
+        self._outputs = {spec.name: spec for spec in self._spec.outputs}
+        self._batcher: DynamicBatcher[Arrays, Arrays] = DynamicBatcher(
+            self._process,
+            max_batch_rows=config.batching.max_batch_size,
+            max_delay_seconds=config.batching.max_queue_delay_microseconds / 1e6,
+            max_queue_size=config.batching.max_queue_size,
+            executor=executor,
+            observer=metrics,
+        )
+        self._warm = False
+        self._draining = False
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.warmup_seconds: float | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    @property
+    def live(self) -> bool:
+        return True
+
+    @property
+    def ready(self) -> bool:
+        return self._warm and not self._draining
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    async def start(self, load: Callable[[], Model]) -> None:
+        """Load the model and warm it up; ready turns true only when warm-up is done.
+
+        ``load`` runs in the model's executor (it blocks); its errors propagate.
+        """
+        loop = asyncio.get_running_loop()
+        model = await loop.run_in_executor(self._executor, load)
+        sizes = self.config.warmup_batch_sizes()
+        seconds = await loop.run_in_executor(self._executor, model.warm_up, sizes)
+        self._model = model
+        largest = await loop.run_in_executor(self._executor, self._time_batch, max(sizes))
+        if largest < INLINE_BELOW_SECONDS:
+            self._batcher.run_inline()
+        log.info(
+            "a batch of %d takes %.3f ms: computing %s", max(sizes), largest * 1e3,
+            "inline on the event loop" if self._batcher.inline else "in the model thread",
+        )  # fmt: skip
+        self._batcher.start()
+        self.warmup_seconds = seconds
+        self.metrics.warmup_seconds.set(seconds)
+        self._warm = True
+        self.metrics.ready.set(1)
+        log.info("model %s warmed up batch sizes %s in %.3f s", self._spec.name, sizes, seconds)
+
+    def _time_batch(self, rows: int) -> float:
+        assert self._model is not None
+        batch = [
+            np.zeros(
+                (rows, *(1 if d == -1 else d for d in spec.shape)), numpy_carrier(spec.datatype)
+            )
+            for spec in self._spec.inputs
+        ]
+        timings = []
+        for _ in range(3):  # the fastest of three: a busy host should not hide a fast model
+            started = time.perf_counter()
+            self._model.forward(batch)
+            timings.append(time.perf_counter() - started)
+        return min(timings)
+
+    def begin_drain(self) -> None:
+        """Report not ready at once; requests already accepted (and new ones) still complete."""
+        self._draining = True
+        self.metrics.ready.set(0)
+
+    async def wait_idle(self, deadline_seconds: float) -> bool:
+        """Wait until no request is in flight; False if ``deadline_seconds`` passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), deadline_seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        await self._batcher.stop()
+
+    # ---------------------------------------------------------------- accounting
+
+    def request_started(self) -> None:
+        self._inflight += 1
+        self._idle.clear()
+        self.metrics.inflight.set(self._inflight)
+
+    def request_finished(self, protocol: str, code: str, seconds: float) -> None:
+        self._inflight -= 1
+        if self._inflight == 0:
+            self._idle.set()
+        self.metrics.inflight.set(self._inflight)
+        self.metrics.requests[(protocol, code)].inc()
+        self.metrics.request_duration[protocol].observe(seconds)
+
+    def observe_stage(self, stage: str, seconds: float) -> None:
+        self.metrics.stage[stage].observe(seconds)
+
+    # ---------------------------------------------------------------- model queries
+
+    def check_model(self, name: str, version: str = "") -> None:
+        if name != self._spec.name or version not in ("", self._spec.version):
+            known = f"{self._spec.name} (version {self._spec.version})"
+            wanted = name + (f" version {version}" if version else "")
+            raise errors.not_found(f"unknown model '{wanted}'; this runtime serves {known}")
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        self.check_model(name, version)
+        return self.ready
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        self.check_model(name, version)
+
+        def describe(specs: Sequence[TensorSpec]) -> list[dict[str, Any]]:
+            return [
+                {"name": s.name, "datatype": s.datatype, "shape": [-1, *s.shape]} for s in specs
+            ]
+
+        return {
+            "name": self._spec.name,
+            "versions": [self._spec.version],
+            "platform": _PLATFORMS[self._spec.format],
+            "inputs": describe(self._spec.inputs),
+            "outputs": describe(self._spec.outputs),
+        }
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        """A Triton-style model configuration (what ``get_model_config`` returns)."""
+        self.check_model(name, version)
+        batching = self.config.batching
+
+        def describe(specs: Sequence[TensorSpec]) -> list[dict[str, Any]]:
+            return [
+                {"name": s.name, "data_type": f"TYPE_{s.datatype}", "dims": list(s.shape)}
+                for s in specs
+            ]
+
+        return {
+            "name": self._spec.name,
+            "platform": _PLATFORMS[self._spec.format],
+            "max_batch_size": batching.max_batch_size,
+            "input": describe(self._spec.inputs),
+            "output": describe(self._spec.outputs),
+            "dynamic_batching": {
+                "max_queue_delay_microseconds": batching.max_queue_delay_microseconds,
+                "default_queue_policy": {"max_queue_size": batching.max_queue_size},
+            },
+        }
+
+    # ---------------------------------------------------------------- inference
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        self.check_model(request.model_name, request.model_version)
+        if not self._warm or self._model is None:
+            raise errors.InferError(
+                errors.ErrorKind.UNAVAILABLE, f"model '{self._spec.name}' is not ready (warming up)"
+            )
+        arrays, rows = self._validate_inputs(request.inputs)
+        wanted = self._validate_outputs(request)
+        deadline = None
+        if request.timeout_seconds is not None:
+            deadline = time.monotonic() + request.timeout_seconds
+        key = tuple(array.shape[1:] for array in arrays)
+        results = await self._batcher.submit(arrays, rows=rows, key=key, deadline=deadline)
+        outputs = [
+            Tensor(spec.name, spec.datatype, array)
+            for spec, array in zip(self._spec.outputs, results, strict=True)
+            if spec.name in wanted
+        ]
+        binary = {o.name: o.binary for o in request.outputs}
+        return InferResponse(
+            model_name=self._spec.name,
+            model_version=self._spec.version,
+            id=request.id,
+            outputs=outputs,
+            binary={t.name: binary.get(t.name, request.binary_output) for t in outputs},
+        )
+
+    def _validate_inputs(self, tensors: list[Tensor]) -> tuple[Arrays, int]:
+        given = {t.name: t for t in tensors}
+        if len(given) != len(tensors):
+            raise errors.invalid("an input appears more than once")
+        unknown = sorted(set(given) - set(self._inputs))
+        missing = sorted(set(self._inputs) - set(given))
+        if unknown or missing:
+            raise errors.invalid(
+                f"model '{self._spec.name}' expects inputs {list(self._inputs)}; "
+                + (f"unknown: {unknown} " if unknown else "")
+                + (f"missing: {missing}" if missing else "")
+            )
+        arrays = []
+        rows: int | None = None
+        for spec in self._spec.inputs:
+            tensor = given[spec.name]
+            if tensor.datatype != spec.datatype:
+                raise errors.invalid(
+                    f"input '{spec.name}': datatype {tensor.datatype}, expected {spec.datatype}"
+                )
+            shape = tensor.shape
+            if len(shape) != len(spec.shape) + 1 or any(
+                d not in (-1, s) for d, s in zip(spec.shape, shape[1:], strict=True)
+            ):
+                raise errors.invalid(
+                    f"input '{spec.name}': shape {list(shape)}, expected {[-1, *spec.shape]} "
+                    "(batch dimension first)"
+                )
+            if rows is None:
+                rows = shape[0]
+            elif shape[0] != rows:
+                raise errors.invalid(
+                    f"inputs disagree on the batch dimension ({rows} and {shape[0]})"
+                )
+            arrays.append(tensor.data)
+        assert rows is not None  # the config declares at least one input
+        if rows < 1 or rows > self.config.batching.max_batch_size:
+            raise errors.invalid(
+                f"batch dimension {rows} outside 1..{self.config.batching.max_batch_size}"
+            )
+        return arrays, rows
+
+    def _validate_outputs(self, request: InferRequest) -> set[str]:
+        if not request.outputs:
+            return set(self._outputs)
+        names = {o.name for o in request.outputs}
+        unknown = sorted(names - set(self._outputs))
+        if unknown:
+            raise errors.invalid(
+                f"unknown output(s) {unknown}; model '{self._spec.name}' has {list(self._outputs)}"
+            )
+        return names
+
+    def _process(self, payloads: Sequence[Arrays]) -> list[Arrays]:
+        """Run one batch (in the model thread): concatenate, forward, split per request."""
+        t0 = time.perf_counter()
+        if len(payloads) == 1:
+            batch = payloads[0]
+        else:
+            batch = [
+                np.concatenate([payload[i] for payload in payloads])
+                for i in range(len(self._spec.inputs))
+            ]
+        t1 = time.perf_counter()
+        assert self._model is not None  # the batcher starts after the model loaded
+        outputs = self._model.forward(batch)
+        t2 = time.perf_counter()
+        total = batch[0].shape[0]
+        if any(output.shape[0] != total for output in outputs):
+            raise errors.InferError(
+                errors.ErrorKind.INTERNAL,
+                f"model returned {[o.shape[0] for o in outputs]} rows for a batch of {total}",
+            )
+        results: list[Arrays] = []
+        start = 0
+        for payload in payloads:
+            stop = start + payload[0].shape[0]
+            results.append([output[start:stop] for output in outputs])
+            start = stop
+        t3 = time.perf_counter()
+        stage = self.metrics.stage
+        stage["preprocess"].observe(t1 - t0)
+        stage["forward"].observe(t2 - t1)
+        stage["postprocess"].observe(t3 - t2)
+        return results
+
+
+_PLATFORMS = {
+    "torchscript": "pytorch_libtorch",
+    "torch_export": "pytorch_export",
+    "onnx": "onnxruntime_onnx",
+}

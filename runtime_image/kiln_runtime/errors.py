@@ -1,0 +1,54 @@
+"""The one table that maps a data-plane failure to its HTTP status, gRPC code and metric label.
+
+Every failure the data plane reports is an ``InferError`` of one ``ErrorKind``; the REST and
+gRPC adapters only look the kind up here, so both protocols always agree.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ErrorMapping:
+    http_status: int
+    grpc_code: str  # a ``grpc.StatusCode`` member name; this module must not import grpc
+    metric_code: str  # the ``code`` label of ``kiln_requests_total``
+
+
+class ErrorKind(enum.Enum):
+    INVALID = ErrorMapping(400, "INVALID_ARGUMENT", "invalid")
+    NOT_FOUND = ErrorMapping(404, "NOT_FOUND", "not_found")
+    REJECTED = ErrorMapping(429, "RESOURCE_EXHAUSTED", "rejected")
+    UNAVAILABLE = ErrorMapping(503, "UNAVAILABLE", "rejected")
+    DEADLINE = ErrorMapping(504, "DEADLINE_EXCEEDED", "deadline")
+    INTERNAL = ErrorMapping(500, "INTERNAL", "error")
+
+    @property
+    def mapping(self) -> ErrorMapping:
+        value: ErrorMapping = self.value
+        return value
+
+
+OK_METRIC_CODE = "ok"
+
+
+class InferError(Exception):
+    """A request failed; ``kind`` decides what each protocol answers."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"InferError({self.kind.name}, {self.message!r})"
+
+
+def invalid(message: str) -> InferError:
+    return InferError(ErrorKind.INVALID, message)
+
+
+def not_found(message: str) -> InferError:
+    return InferError(ErrorKind.NOT_FOUND, message)

@@ -1,0 +1,1 @@
+"""Protocol adapters: REST and gRPC translate the wire to ``InferRequest``/``InferResponse``."""

@@ -1,0 +1,262 @@
+"""The REST adapter: Open Inference Protocol v2 over HTTP, JSON and Triton's binary tensors.
+
+Routes a decoded HTTP request to the data plane and renders the answer; it knows nothing of
+sockets (``httpserver`` does). Tensors sent with the binary extension
+(``Inference-Header-Content-Length``) are viewed in place, never copied or parsed as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln_runtime import __version__, errors
+from kiln_runtime.dataplane import DataPlane
+from kiln_runtime.datatypes import from_json_values, to_json_values
+from kiln_runtime.protocol.types import (
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    Tensor,
+    tensor_from_buffer,
+    tensor_from_flat,
+)
+
+HEADER_LENGTH = "inference-header-content-length"
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics_unavailable"]
+JSON = b"application/json"
+
+
+@dataclass
+class HttpResponse:
+    status: int
+    body: list[bytes | memoryview]
+    content_type: bytes = JSON
+    extra_headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+def json_response(status: int, document: Any) -> HttpResponse:
+    return HttpResponse(status, [json.dumps(document, separators=(",", ":")).encode()])
+
+
+def error_response(error: errors.InferError) -> HttpResponse:
+    return json_response(error.kind.mapping.http_status, {"error": error.message})
+
+
+def empty(status: int) -> HttpResponse:
+    return HttpResponse(status, [])
+
+
+class RestAdapter:
+    """Answers one HTTP request at a time for the data plane."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+        self.max_body = dataplane.config.max_request_bytes()
+
+    async def handle(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> HttpResponse:
+        parts = path.split("?", 1)[0].strip("/").split("/")
+        if parts[:1] != ["v2"]:
+            return json_response(404, {"error": f"no route for {path}"})
+        rest = parts[1:]
+        if method == "POST" and len(rest) >= 3 and rest[0] == "models" and rest[-1] == "infer":
+            return await self._infer(rest[1:-1], headers, body)
+        if method != "GET":
+            return json_response(405, {"error": f"{method} is not allowed on {path}"})
+        dp = self.dataplane
+        try:
+            if rest == []:
+                return json_response(
+                    200, {"name": "kiln", "version": __version__, "extensions": EXTENSIONS}
+                )
+            if rest == ["health", "live"]:
+                return empty(200 if dp.live else 503)
+            if rest == ["health", "ready"]:
+                return empty(200 if dp.ready else 503)
+            if len(rest) >= 2 and rest[0] == "models":
+                name, version, tail = _model_path(rest[1:])
+                if tail == []:
+                    return json_response(200, dp.model_metadata(name, version))
+                if tail == ["ready"]:
+                    return empty(200 if dp.model_ready(name, version) else 503)
+                if tail == ["config"]:
+                    return json_response(200, dp.model_config(name, version))
+        except errors.InferError as error:
+            return error_response(error)
+        return json_response(404, {"error": f"no route for {path}"})
+
+    async def _infer(
+        self, model_parts: list[str], headers: dict[str, str], body: bytes
+    ) -> HttpResponse:
+        dp = self.dataplane
+        started = time.perf_counter()
+        code = errors.OK_METRIC_CODE
+        dp.request_started()
+        try:
+            name, version, tail = _model_path(model_parts)
+            if tail:
+                raise errors.not_found(f"no route for model path {'/'.join(model_parts)}")
+            request = decode_infer(name, version, headers, body, self.max_body)
+            decoded = time.perf_counter()
+            dp.observe_stage("decode", decoded - started)
+            response = await dp.infer(request)
+            encode_started = time.perf_counter()
+            http = encode_infer(response)
+            dp.observe_stage("encode", time.perf_counter() - encode_started)
+            return http
+        except errors.InferError as error:
+            code = error.kind.mapping.metric_code
+            return error_response(error)
+        finally:
+            dp.request_finished("http", code, time.perf_counter() - started)
+
+
+def _model_path(parts: list[str]) -> tuple[str, str, list[str]]:
+    """``[name, ("versions", v)?, *tail]`` -> name, version ("" if absent), tail."""
+    name = parts[0]
+    if len(parts) >= 3 and parts[1] == "versions":
+        return name, parts[2], parts[3:]
+    return name, "", parts[1:]
+
+
+def decode_infer(
+    model_name: str, version: str, headers: dict[str, str], body: bytes, max_body: int
+) -> InferRequest:
+    """Parse an infer request body (JSON, optionally followed by binary tensor data)."""
+    encoding = headers.get("content-encoding")
+    if encoding:
+        body = _decompress(body, encoding, max_body)
+    header_length = headers.get(HEADER_LENGTH)
+    json_part: bytes | memoryview
+    if header_length is None:
+        json_part, binary = body, memoryview(b"")
+    else:
+        try:
+            length = int(header_length)
+        except ValueError:
+            raise errors.invalid(f"{HEADER_LENGTH} is not an integer: {header_length!r}") from None
+        if not 0 <= length <= len(body):
+            raise errors.invalid(f"{HEADER_LENGTH} {length} exceeds the body of {len(body)} bytes")
+        view = memoryview(body)
+        json_part, binary = view[:length], view[length:]
+    try:
+        document = json.loads(bytes(json_part) if isinstance(json_part, memoryview) else json_part)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise errors.invalid(f"request body is not valid JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise errors.invalid("request body must be a JSON object")
+    try:
+        return _request_from_document(model_name, version, document, binary)
+    except (KeyError, TypeError, ValueError) as error:
+        raise errors.invalid(f"malformed infer request: {error}") from None
+
+
+def _request_from_document(
+    model_name: str, version: str, document: dict[str, Any], binary: memoryview
+) -> InferRequest:
+    parameters = document.get("parameters") or {}
+    raw_inputs = document.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise errors.invalid("'inputs' must be a non-empty list")
+    inputs: list[Tensor] = []
+    offset = 0
+    for raw in raw_inputs:
+        name = raw["name"]
+        datatype = raw["datatype"]
+        shape = raw["shape"]
+        size = (raw.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                raise errors.invalid(
+                    f"input '{name}': binary_data_size {size} exceeds the binary data sent"
+                )
+            inputs.append(tensor_from_buffer(name, datatype, shape, binary[offset : offset + size]))
+            offset += size
+        else:
+            if "data" not in raw:
+                raise errors.invalid(f"input '{name}': no 'data' and no binary_data_size")
+            try:
+                flat = from_json_values(raw["data"], datatype)
+            except KeyError:
+                raise errors.invalid(f"input '{name}': unsupported datatype {datatype!r}") from None
+            except (ValueError, TypeError, OverflowError) as error:
+                raise errors.invalid(f"input '{name}': bad data: {error}") from None
+            inputs.append(tensor_from_flat(name, datatype, shape, flat))
+    if offset != len(binary):
+        raise errors.invalid(
+            f"{len(binary) - offset} bytes of binary data are not claimed by any input"
+        )
+    binary_default = bool(parameters.get("binary_data_output", False))
+    outputs = [
+        RequestedOutput(
+            o["name"], bool((o.get("parameters") or {}).get("binary_data", binary_default))
+        )
+        for o in document.get("outputs") or []
+    ]
+    timeout = parameters.get("timeout")
+    if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
+        raise errors.invalid(f"parameter 'timeout' must be a positive number of us: {timeout!r}")
+    return InferRequest(
+        model_name=model_name,
+        model_version=version,
+        id=str(document.get("id", "")),
+        inputs=inputs,
+        outputs=outputs,
+        timeout_seconds=None if timeout is None else timeout / 1e6,
+        binary_output=binary_default,
+    )
+
+
+def _decompress(body: bytes, encoding: str, max_body: int) -> bytes:
+    windows = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+    if encoding not in windows:
+        raise errors.invalid(f"unsupported Content-Encoding {encoding!r} (gzip or deflate)")
+    inflater = zlib.decompressobj(windows[encoding])
+    try:
+        data = inflater.decompress(body, max_body + 1)
+    except zlib.error as error:
+        raise errors.invalid(f"body is not valid {encoding}: {error}") from None
+    if len(data) > max_body or inflater.unconsumed_tail:
+        raise errors.invalid(f"decompressed request exceeds {max_body} bytes")
+    return data
+
+
+def encode_infer(response: InferResponse) -> HttpResponse:
+    outputs = []
+    buffers: list[bytes | memoryview] = []
+    for tensor in response.outputs:
+        entry: dict[str, Any] = {
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": list(tensor.shape),
+        }
+        if response.binary.get(tensor.name, False):
+            raw = memoryview(np.ascontiguousarray(tensor.data)).cast("B")  # type: ignore[arg-type]
+            entry["parameters"] = {"binary_data_size": raw.nbytes}
+            buffers.append(raw)
+        else:
+            entry["data"] = to_json_values(tensor.data, tensor.datatype)
+        outputs.append(entry)
+    document: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+        "outputs": outputs,
+    }
+    if response.id:
+        document["id"] = response.id
+    header = json.dumps(document, separators=(",", ":")).encode()
+    if not buffers:
+        return HttpResponse(200, [header])
+    return HttpResponse(
+        200,
+        [header, *buffers],
+        content_type=b"application/octet-stream",
+        extra_headers=((b"Inference-Header-Content-Length", str(len(header)).encode()),),
+    )

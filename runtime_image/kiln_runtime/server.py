@@ -1,0 +1,112 @@
+"""Process wiring and lifecycle: servers up, model loaded and warmed, drain on SIGTERM.
+
+Order matters for the pod: the HTTP and gRPC listeners come up first (live, not ready), then
+the model loads and warms up, and only then does ready turn true. On SIGTERM ready turns false
+at once; accepted requests finish within the drain deadline; then the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import start_http_server
+
+from kiln_runtime.config import RuntimeConfig
+from kiln_runtime.dataplane import DataPlane
+from kiln_runtime.metrics import RuntimeMetrics
+from kiln_runtime.protocol.grpc import GrpcServer
+from kiln_runtime.protocol.httpserver import HttpServer
+from kiln_runtime.protocol.rest import RestAdapter
+
+log = logging.getLogger(__name__)
+
+MODEL_FILES = {"torchscript": "model.pt", "torch_export": "model.pt2", "onnx": "model.onnx"}
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model_path: Path
+    config: RuntimeConfig
+    host: str = "0.0.0.0"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    torch_threads: int | None = None
+
+
+def resolve_model_file(path: Path, fmt: str) -> Path:
+    """A model file given directly, or the format's conventional file inside a directory."""
+    return path / MODEL_FILES[fmt] if path.is_dir() else path
+
+
+async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int:
+    """Run until SIGTERM/SIGINT (or ``stop`` is set); returns the process exit code."""
+    from kiln_runtime.model import ModelRunner  # imports torch: keep `--help` fast
+
+    config = options.config
+    if options.torch_threads:
+        import torch
+
+        torch.set_num_threads(options.torch_threads)
+    metrics = RuntimeMetrics(config.model.name)
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-model")
+    dataplane = DataPlane(config, metrics, executor)
+    http = HttpServer(RestAdapter(dataplane))
+    grpc_server = GrpcServer(dataplane)
+    metrics_server, metrics_thread = start_http_server(
+        options.metrics_port, addr=options.host, registry=metrics.registry
+    )
+    http_port = await http.start(options.host, options.http_port)
+    grpc_port = await grpc_server.start(options.host, options.grpc_port)
+    log.info(
+        "kiln_runtime for model %r listening: http %s:%d grpc %s:%d metrics %s:%d",
+        config.model.name, options.host, http_port, options.host, grpc_port,
+        options.host, metrics_server.server_port,
+    )  # fmt: skip
+
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    model_file = resolve_model_file(options.model_path, config.model.format)
+    starting = loop.create_task(dataplane.start(lambda: ModelRunner(config, model_file)))
+    stopping = loop.create_task(stop.wait())
+    exit_code = 0
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done() and starting.exception() is not None:
+            log.error("model %r failed to start: %s", config.model.name, starting.exception())
+            exit_code = 1
+        else:
+            log.info("ready: warm-up took %.3f s", dataplane.warmup_seconds or 0.0)
+            await stopping
+        dataplane.begin_drain()
+        log.info("draining: not ready; %d request(s) in flight", dataplane.inflight)
+        timeout = config.drain.timeout_seconds
+        if not await dataplane.wait_idle(timeout):
+            log.warning("drain deadline of %.1f s passed with %d in flight", timeout,
+                        dataplane.inflight)  # fmt: skip
+    finally:
+        starting.cancel()
+        stopping.cancel()
+        await grpc_server.stop(grace=1.0)
+        await http.stop()
+        await dataplane.stop()
+        metrics_server.shutdown()
+        metrics_thread.join(timeout=5)
+        executor.shutdown(wait=False, cancel_futures=True)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    log.info("stopped")
+    return exit_code
+
+
+def default_torch_threads() -> int:
+    """One compute thread per CPU this process may run on (respects taskset and cgroups' cpuset)."""
+    return max(1, len(os.sched_getaffinity(0)))

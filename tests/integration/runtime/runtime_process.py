@@ -1,0 +1,114 @@
+"""Start ``python -m kiln_runtime serve`` as a real process on loopback, and stop it."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Runtime:
+    process: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log: Path
+
+    @property
+    def http_url(self) -> str:
+        return f"{HOST}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{HOST}:{self.grpc_port}"
+
+    def status(self, path: str) -> int:
+        """HTTP status of GET ``path``; 0 if the server does not answer."""
+        try:
+            connection = http.client.HTTPConnection(HOST, self.http_port, timeout=5)
+            connection.request("GET", path)
+            return connection.getresponse().status
+        except OSError:
+            return 0
+
+    def metrics(self) -> str:
+        connection = http.client.HTTPConnection(HOST, self.metrics_port, timeout=5)
+        connection.request("GET", "/metrics")
+        return connection.getresponse().read().decode()
+
+    def wait_for(self, path: str, status: int, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while self.status(path) != status:
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"runtime exited ({self.process.returncode}):\n{self.output()}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{path} never answered {status}:\n{self.output()}")
+            time.sleep(0.05)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def terminate(self, seconds: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(seconds)
+
+
+def start(
+    model_path: Path,
+    log_dir: Path,
+    *,
+    config: Path | None = None,
+    name: str = "mlp",
+    env: dict[str, str] | None = None,
+) -> Runtime:
+    ports = free_port(), free_port(), free_port()
+    log = log_dir / f"runtime-{ports[0]}.log"
+    command = [
+        sys.executable, "-m", "kiln_runtime", "serve", "--model-path", str(model_path),
+        "--model-name", name, "--host", HOST, "--http-port", str(ports[0]),
+        "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), "--torch-threads", "1",
+    ]  # fmt: skip
+    if config is not None:
+        command += ["--config", str(config)]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+    return Runtime(process, *ports, log=log)
+
+
+@contextmanager
+def running(model_dir: Path, log_dir: Path, *, name: str = "mlp") -> Iterator[Runtime]:
+    """A runtime serving ``model_dir`` (model.pt + config.json), ready, stopped afterwards."""
+    runtime = start(model_dir / "model.pt", log_dir, config=model_dir / "config.json", name=name)
+    try:
+        runtime.wait_for("/v2/health/ready", 200, seconds=60)
+        yield runtime
+    finally:
+        if runtime.process.poll() is None:
+            runtime.process.send_signal(signal.SIGTERM)
+            try:
+                runtime.process.wait(30)
+            except subprocess.TimeoutExpired:
+                runtime.process.kill()
+                runtime.process.wait(10)

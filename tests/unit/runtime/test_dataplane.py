@@ -1,0 +1,163 @@
+"""The data plane: validation with clear errors, readiness, metrics, drain."""
+
+import asyncio
+
+import numpy as np
+import pytest
+from prometheus_client import generate_latest
+
+from kiln_runtime import errors
+from kiln_runtime.dataplane import DataPlane
+from kiln_runtime.metrics import RuntimeMetrics
+from kiln_runtime.protocol.types import InferRequest, RequestedOutput, Tensor
+
+from .fakes import Adder, config
+
+
+async def started(**batching: int) -> tuple[DataPlane, Adder]:
+    model = Adder()
+    dp = DataPlane(config(**batching), RuntimeMetrics("adder"), executor=None)
+    await dp.start(lambda: model)
+    return dp, model
+
+
+def request(rows: int = 1, overrides: dict[str, Tensor] | None = None) -> InferRequest:
+    tensors = {
+        "A": Tensor("A", "FP32", np.ones((rows, 4), np.float32)),
+        "B": Tensor("B", "INT64", np.arange(rows * 4, dtype=np.int64).reshape(rows, 4)),
+        **(overrides or {}),
+    }
+    return InferRequest("adder", list(tensors.values()))
+
+
+async def test_ready_only_after_warm_up_and_not_while_draining() -> None:
+    model = Adder()
+    dp = DataPlane(config(), RuntimeMetrics("adder"), executor=None)
+    assert dp.live and not dp.ready
+    with pytest.raises(errors.InferError) as cold:
+        await dp.infer(request())
+    assert cold.value.kind is errors.ErrorKind.UNAVAILABLE
+    await dp.start(lambda: model)
+    assert dp.ready and model.warmed == (1,)
+    assert dp.warmup_seconds == 0.25
+    dp.begin_drain()
+    assert not dp.ready
+    response = await dp.infer(request())  # accepted work still completes while draining
+    assert response.outputs[0].name == "SUM"
+    await dp.stop()
+
+
+async def test_infer_returns_each_requests_rows() -> None:
+    dp, _ = await started()
+    response = await dp.infer(request(rows=3))
+    assert [t.name for t in response.outputs] == ["SUM", "COUNT"]
+    np.testing.assert_array_equal(response.outputs[0].data, 1 + np.arange(12).reshape(3, 4))
+    await dp.stop()
+
+
+async def test_concurrent_requests_are_batched_and_split_back() -> None:
+    dp, model = await started()
+    model.batches.clear()
+    requests = [request(rows=1 + i % 3) for i in range(6)]
+    responses = await asyncio.gather(*(dp.infer(r) for r in requests))
+    for req, resp in zip(requests, responses, strict=True):
+        rows = req.inputs[0].data.shape[0]
+        assert resp.outputs[0].data.shape == (rows, 4)
+        np.testing.assert_array_equal(resp.outputs[0].data, req.inputs[0].data + req.inputs[1].data)
+    # rows 1,2,3,1 fill 7 of 8; the next request (2 rows) starts the second batch
+    assert model.batches == [7, 5]
+    await dp.stop()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"A": Tensor("A", "FP16", np.ones((1, 4), np.float16))}, "datatype FP16, expected FP32"),
+        ({"A": Tensor("A", "FP32", np.ones((1, 5), np.float32))}, r"shape \[1, 5\]"),
+        ({"A": Tensor("A", "FP32", np.ones((4,), np.float32))}, "batch dimension first"),
+        ({"A": Tensor("A", "FP32", np.ones((2, 4), np.float32))}, "disagree"),
+        ({"C": Tensor("C", "FP32", np.ones((1, 4), np.float32))}, r"unknown: \['C'\]"),
+        ({"A": Tensor("A", "FP32", np.ones((9, 4), np.float32)),
+          "B": Tensor("B", "INT64", np.ones((9, 4), np.int64))}, r"outside 1\.\.8"),
+    ],
+)  # fmt: skip
+async def test_bad_inputs_are_invalid_with_a_clear_message(
+    overrides: dict[str, Tensor], message: str
+) -> None:
+    dp, _ = await started()
+    with pytest.raises(errors.InferError, match=message) as failure:
+        await dp.infer(request(overrides=overrides))
+    assert failure.value.kind is errors.ErrorKind.INVALID
+    await dp.stop()
+
+
+async def test_missing_input_unknown_output_and_unknown_model() -> None:
+    dp, _ = await started()
+    only_a = InferRequest("adder", [request().inputs[0]])
+    with pytest.raises(errors.InferError, match=r"missing: \['B'\]"):
+        await dp.infer(only_a)
+    wrong_output = request()
+    wrong_output.outputs = [RequestedOutput("NOPE")]
+    with pytest.raises(errors.InferError, match="unknown output"):
+        await dp.infer(wrong_output)
+    other = request()
+    other.model_name = "other"
+    with pytest.raises(errors.InferError) as unknown:
+        await dp.infer(other)
+    assert unknown.value.kind is errors.ErrorKind.NOT_FOUND
+    versioned = request()
+    versioned.model_version = "2"
+    with pytest.raises(errors.InferError, match="version 2"):
+        await dp.infer(versioned)
+    await dp.stop()
+
+
+async def test_requested_outputs_filter_the_response() -> None:
+    dp, _ = await started()
+    only_count = request()
+    only_count.outputs = [RequestedOutput("COUNT", binary=False)]
+    response = await dp.infer(only_count)
+    assert [t.name for t in response.outputs] == ["COUNT"]
+    assert response.binary == {"COUNT": False}
+    await dp.stop()
+
+
+async def test_metadata_reports_the_batch_dimension() -> None:
+    dp, _ = await started()
+    meta = dp.model_metadata("adder")
+    assert meta["inputs"][0] == {"name": "A", "datatype": "FP32", "shape": [-1, 4]}
+    assert dp.model_config("adder", "1")["max_batch_size"] == 8
+    with pytest.raises(errors.InferError):
+        dp.model_metadata("nope")
+    await dp.stop()
+
+
+async def test_accounting_feeds_the_contract_metrics_and_drain() -> None:
+    dp, _ = await started()
+    dp.request_started()
+    assert not await dp.wait_idle(0.01)
+    dp.request_finished("http", "ok", 0.001)
+    assert await dp.wait_idle(1.0)
+    dp.request_started()
+    dp.request_finished("grpc", "rejected", 0.002)
+    text = generate_latest(dp.metrics.registry).decode()
+    assert 'kiln_requests_total{code="ok",model="adder",protocol="http"} 1.0' in text
+    assert 'kiln_requests_total{code="rejected",model="adder",protocol="grpc"} 1.0' in text
+    assert 'kiln_request_duration_seconds_count{model="adder",protocol="grpc"} 1.0' in text
+    assert 'kiln_inflight_requests{model="adder"} 0.0' in text
+    assert 'kiln_warmup_duration_seconds{model="adder"} 0.25' in text
+    assert 'kiln_ready{model="adder"} 1.0' in text
+    await dp.stop()
+
+
+async def test_a_model_returning_wrong_rows_fails_the_batch_not_the_server() -> None:
+    class Short(Adder):
+        def forward(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+            return [out[:0] for out in super().forward(inputs)]
+
+    dp = DataPlane(config(), RuntimeMetrics("adder"), executor=None)
+    await dp.start(Short)
+    with pytest.raises(errors.InferError) as failure:
+        await dp.infer(request())
+    assert failure.value.kind is errors.ErrorKind.INTERNAL
+    await dp.stop()
