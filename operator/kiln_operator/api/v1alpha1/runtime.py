@@ -1,0 +1,58 @@
+"""spec.runtime: the serving container — image, graph optimisation, numeric precision, batching.
+
+Why it exists: these settings are rendered verbatim into the runtime's config (the
+operator/runtime contract), so their ranges are checked here, before a pod ever starts.
+"""
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from kiln_operator.api.v1alpha1.base import ApiModel
+
+IMAGE_PATTERN = r"^[a-z0-9]+([._/:@-][a-zA-Z0-9_.-]+)*$"
+
+
+class OptimizationSpec(ApiModel):
+    """How the runtime prepares the model's graph before serving."""
+
+    mode: Literal["eager", "script", "compile"] = "eager"
+    """eager: run as loaded; script: freeze and optimize_for_inference; compile: torch.compile."""
+    precision: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
+    """Numeric precision of the weights and activations. fp16/bf16 need a GPU; int8 is dynamic
+    quantisation of linear layers."""
+    cuda_graphs: bool = False
+    """Capture CUDA graphs per batch size (GPU only; ignored on CPU). Needs static input shapes."""
+
+
+class BatchingSpec(ApiModel):
+    """Dynamic batching: requests wait at most maxQueueDelayMicroseconds to share a batch."""
+
+    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 32
+    """Largest batch the model runs at once."""
+    max_queue_delay_microseconds: Annotated[int, Field(ge=0, le=1_000_000)] = 2000
+    """Longest a request waits for others to fill a batch: the cap on latency batching adds."""
+    max_queue_size: Annotated[int, Field(ge=1, le=1_000_000)] = 256
+    """Requests allowed to wait; beyond it the runtime rejects at once (429, RESOURCE_EXHAUSTED)."""
+
+    @model_validator(mode="after")
+    def _queue_holds_a_batch(self) -> "BatchingSpec":
+        if self.max_batch_size > self.max_queue_size:
+            raise ValueError(
+                f"maxBatchSize ({self.max_batch_size}) exceeds maxQueueSize "
+                f"({self.max_queue_size}): a full batch could never form"
+            )
+        return self
+
+
+class RuntimeSpec(ApiModel):
+    """The serving container."""
+
+    image: Annotated[str, Field(min_length=1, max_length=512, pattern=IMAGE_PATTERN)]
+    """Container image of Kiln's runtime (package kiln_runtime), e.g. kiln/runtime:dev."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """When the kubelet pulls the image."""
+    optimization: OptimizationSpec = OptimizationSpec()
+    """Graph preparation and precision."""
+    batching: BatchingSpec = BatchingSpec()
+    """Dynamic batching limits."""

@@ -1,0 +1,142 @@
+"""Decide whether a live child differs from its desired manifest, and build the update.
+
+Why it exists: a converged object must cause zero writes. The API server adds defaults,
+status, managedFields and normalises quantities, so "differs" means: some field *we set* has
+another value live. Fields we never set (defaults, clusterIP, replicas) are not ours to judge.
+"""
+
+import copy
+import re
+from decimal import Decimal
+from typing import Any
+
+from kiln_operator import constants
+from kiln_operator.builders.naming import Manifest
+
+OWNED_ANNOTATION_PREFIXES = ("prometheus.io/", f"{constants.GROUP}/")
+"""Annotation keys Kiln sets on children; one it set earlier and no longer wants is drift."""
+
+EXACT_MAPS = frozenset({"requests", "limits", "nodeSelector", "matchLabels"})
+"""Maps the API server never adds keys to: an extra live key is drift, not a default."""
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([a-zA-Z]*)$")
+_SUFFIX = {
+    "": Decimal(1), "m": Decimal("0.001"), "k": Decimal(10**3), "M": Decimal(10**6),
+    "G": Decimal(10**9), "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
+    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50), "Ei": Decimal(2**60),
+}  # fmt: skip
+
+
+def _quantity(value: Any) -> Decimal | None:
+    """A Kubernetes quantity as a number (the server rewrites e.g. 1000m as 1), else None."""
+    match = _QUANTITY.match(str(value))
+    if match is None or match.group(2) not in _SUFFIX:
+        return None
+    try:
+        return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
+    except ArithmeticError:
+        return None
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value in ({}, [])
+
+
+def covers(actual: Any, desired: Any, *, in_resources: bool = False) -> bool:
+    """True when every field set in `desired` has the same value in `actual`.
+
+    Keys the server never adds to are compared exactly (EXACT_MAPS: a GPU limit or a node
+    selector left over from an older spec is drift), and an empty desired map or list means
+    "must be empty" (so a field removed from the spec is removed from the child). Elsewhere,
+    keys only the live object has are server defaults and are not judged.
+    """
+    if isinstance(desired, dict):
+        if not isinstance(actual, dict) or not desired:
+            return _empty(desired) and _empty(actual)
+        return all(
+            _covers_field(actual, key, value, in_resources=in_resources)
+            for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        if not isinstance(actual, list):
+            return _empty(desired) and _empty(actual)
+        return len(actual) == len(desired) and all(
+            covers(a, d, in_resources=in_resources) for a, d in zip(actual, desired, strict=True)
+        )
+    if in_resources and actual != desired:
+        left, right = _quantity(actual), _quantity(desired)
+        return left is not None and left == right
+    return bool(actual == desired)
+
+
+def _covers_field(actual: dict[str, Any], key: str, desired: Any, *, in_resources: bool) -> bool:
+    if key not in actual:
+        return _empty(desired)
+    live = actual[key]
+    exact = key in EXACT_MAPS and isinstance(desired, dict) and isinstance(live, dict)
+    if exact and set(live) != set(desired):
+        return False
+    return covers(live, desired, in_resources=in_resources or key in ("requests", "limits"))
+
+
+def _owned_annotations(annotations: dict[str, str]) -> dict[str, str]:
+    return {
+        key: value
+        for key, value in annotations.items()
+        if key.startswith(OWNED_ANNOTATION_PREFIXES)
+    }
+
+
+def _has_owner(actual_meta: Manifest, desired_meta: Manifest) -> bool:
+    live = {ref.get("uid"): ref for ref in actual_meta.get("ownerReferences") or []}
+    return all(
+        ref["uid"] in live and covers(live[ref["uid"]], ref)
+        for ref in desired_meta.get("ownerReferences", [])
+    )
+
+
+def needs_update(actual: Manifest, desired: Manifest) -> bool:
+    """Whether the live object must be written to match the desired one."""
+    actual_meta, desired_meta = actual.get("metadata", {}), desired.get("metadata", {})
+    if not covers(actual_meta.get("labels") or {}, desired_meta.get("labels", {})):
+        return True
+    live_annotations = _owned_annotations(actual_meta.get("annotations") or {})
+    if live_annotations != _owned_annotations(desired_meta.get("annotations", {})):
+        return True
+    if not _has_owner(actual_meta, desired_meta):
+        return True
+    return not covers(actual.get("spec"), desired.get("spec"))
+
+
+def build_update(actual: Manifest, desired: Manifest, *, keep_live_spec: bool) -> Manifest:
+    """The full object to PUT: the live object with our labels, annotations, owner reference and
+    spec. `keep_live_spec`: keep live spec fields we do not set (a Service's clusterIP); else
+    our spec replaces the live one, except `replicas`, which the autoscaler owns."""
+    body = copy.deepcopy(actual)
+    body.pop("status", None)
+    meta = body.setdefault("metadata", {})
+    desired_meta = desired["metadata"]
+    meta["labels"] = {**(meta.get("labels") or {}), **desired_meta.get("labels", {})}
+    foreign = {
+        key: value
+        for key, value in (meta.get("annotations") or {}).items()
+        if not key.startswith(OWNED_ANNOTATION_PREFIXES)
+    }
+    annotations = {**foreign, **desired_meta.get("annotations", {})}
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
+    ours = {ref["uid"] for ref in desired_meta.get("ownerReferences", [])}
+    meta["ownerReferences"] = [
+        ref for ref in meta.get("ownerReferences") or [] if ref.get("uid") not in ours
+    ] + desired_meta.get("ownerReferences", [])
+    live_spec = body.get("spec") or {}
+    if keep_live_spec:
+        body["spec"] = {**live_spec, **copy.deepcopy(desired["spec"])}
+    else:
+        body["spec"] = copy.deepcopy(desired["spec"])
+        if "replicas" in live_spec:
+            body["spec"]["replicas"] = live_spec["replicas"]
+    return body

@@ -1,0 +1,211 @@
+"""build_deployment: the runtime pods of an InferenceService.
+
+Why it exists: everything the model owner asked for that concerns a pod — image, runtime
+config, GPUs and their placement, health probes, drain timing, the warm-up readiness gate,
+the restricted security profile — is translated here, and only here.
+
+`replicas` is set only when `initial_replicas` is given (creation): on an existing Deployment
+the autoscaler owns it and the reconcile loop never writes it.
+"""
+
+from typing import Any
+
+from kiln_operator import constants
+from kiln_operator.api.v1alpha1 import InferenceServiceSpec
+from kiln_operator.builders.naming import Manifest, Owner, child_labels, selector_labels
+from kiln_operator.builders.runtime_config import render_runtime_config
+
+MODEL_VOLUME = "model"
+TMP_VOLUME = "tmp"
+RUNTIME_USER_ID = 1000
+"""A non-root uid for the restricted Pod Security profile; the runtime image runs as it."""
+STARTUP_PERIOD_SECONDS = 5
+PROGRESS_DEADLINE_FLOOR_SECONDS = 600
+
+
+def _gpu_placement(spec: InferenceServiceSpec) -> tuple[dict[str, str], list[Manifest]]:
+    """Node selector and tolerations: GPU product and GPU taint first, then the user's own."""
+    resources = spec.resources
+    node_selector: dict[str, str] = {}
+    tolerations: list[Manifest] = []
+    if resources.gpu_count > 0:
+        tolerations.append(
+            {"key": constants.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+        )
+        if resources.gpu_product is not None:
+            node_selector[constants.GPU_PRODUCT_LABEL] = resources.gpu_product
+    node_selector.update(resources.node_selector)
+    tolerations.extend(
+        toleration.model_dump(by_alias=True, exclude_none=True)
+        for toleration in resources.tolerations
+    )
+    return node_selector, tolerations
+
+
+def _resources(spec: InferenceServiceSpec) -> Manifest:
+    amounts: dict[str, Any] = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
+    if spec.resources.gpu_count > 0:
+        amounts[constants.GPU_RESOURCE] = str(spec.resources.gpu_count)
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _probes(spec: InferenceServiceSpec) -> Manifest:
+    """Startup allows model load plus the runtime's own warm-up; liveness and readiness then
+    watch the runtime's health endpoints."""
+    startup_budget = spec.warmup.timeout_seconds + 300
+    return {
+        "startupProbe": {
+            "httpGet": {"path": constants.HEALTH_LIVE_PATH, "port": constants.PORT_NAME_HTTP},
+            "periodSeconds": STARTUP_PERIOD_SECONDS,
+            "failureThreshold": -(-startup_budget // STARTUP_PERIOD_SECONDS),
+        },
+        "livenessProbe": {
+            "httpGet": {"path": constants.HEALTH_LIVE_PATH, "port": constants.PORT_NAME_HTTP},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": constants.HEALTH_READY_PATH, "port": constants.PORT_NAME_HTTP},
+            "periodSeconds": 2,
+            "failureThreshold": 2,
+        },
+    }
+
+
+def _container(spec: InferenceServiceSpec, owner: Owner) -> Manifest:
+    model_path = spec.model.path_in_container(constants.MODEL_MOUNT_ROOT)
+    mounts: list[Manifest] = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]
+    claim = spec.model.pvc_claim
+    if claim is not None:
+        mounts.append(
+            {
+                "name": MODEL_VOLUME,
+                "mountPath": f"{constants.MODEL_MOUNT_ROOT}/{claim}",
+                "readOnly": True,
+            }
+        )
+    container: Manifest = {
+        "name": constants.RUNTIME_CONTAINER,
+        "image": spec.runtime.image,
+        "imagePullPolicy": spec.runtime.image_pull_policy,
+        "command": ["python", "-m", "kiln_runtime", "serve"],
+        "args": [
+            "--model-path",
+            model_path,
+            "--model-name",
+            spec.model_name(owner.name),
+            "--http-port",
+            str(constants.HTTP_PORT),
+            "--grpc-port",
+            str(constants.GRPC_PORT),
+            "--metrics-port",
+            str(constants.METRICS_PORT),
+        ],
+        "env": [
+            {"name": constants.ENV_RUNTIME_CONFIG, "value": render_runtime_config(spec, owner.name)}
+        ],
+        "ports": [
+            {
+                "name": constants.PORT_NAME_HTTP,
+                "containerPort": constants.HTTP_PORT,
+                "protocol": "TCP",
+            },
+            {
+                "name": constants.PORT_NAME_GRPC,
+                "containerPort": constants.GRPC_PORT,
+                "protocol": "TCP",
+            },
+            {
+                "name": constants.PORT_NAME_METRICS,
+                "containerPort": constants.METRICS_PORT,
+                "protocol": "TCP",
+            },
+        ],
+        "resources": _resources(spec),
+        **_probes(spec),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": mounts,
+    }
+    # Empty when there is no pause: an empty desired value makes a stale live one drift.
+    container["lifecycle"] = (
+        {"preStop": {"sleep": {"seconds": spec.drain.pre_stop_delay_seconds}}}
+        if spec.drain.pre_stop_delay_seconds > 0
+        else {}
+    )
+    return container
+
+
+def _volumes(spec: InferenceServiceSpec) -> list[Manifest]:
+    volumes: list[Manifest] = [{"name": TMP_VOLUME, "emptyDir": {}}]
+    claim = spec.model.pvc_claim
+    if claim is not None:
+        volumes.append(
+            {
+                "name": MODEL_VOLUME,
+                "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
+            }
+        )
+    return volumes
+
+
+def build_pod_spec(spec: InferenceServiceSpec, owner: Owner) -> Manifest:
+    """The runtime pod's spec."""
+    node_selector, tolerations = _gpu_placement(spec)
+    pod: Manifest = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": spec.drain.termination_grace_period_seconds,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUNTIME_USER_ID,
+            "runAsGroup": RUNTIME_USER_ID,
+            "fsGroup": RUNTIME_USER_ID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(spec, owner)],
+        "volumes": _volumes(spec),
+    }
+    # Optional parts are always present, empty when unused, so that removing them from the
+    # spec removes them from the live Deployment (an empty desired value must be empty live).
+    pod["readinessGates"] = (
+        [{"conditionType": constants.CONDITION_WARMED_UP}] if spec.warmup.requests > 0 else []
+    )
+    pod["nodeSelector"] = node_selector
+    pod["tolerations"] = tolerations
+    return pod
+
+
+def build_deployment(
+    spec: InferenceServiceSpec, owner: Owner, initial_replicas: int | None = None
+) -> Manifest:
+    """The desired Deployment. Pass `initial_replicas` only to create it."""
+    attempts = spec.warmup.retries + 1
+    deployment_spec: Manifest = {
+        "selector": {"matchLabels": selector_labels(owner.name)},
+        "strategy": {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+        },
+        "revisionHistoryLimit": 5,
+        "progressDeadlineSeconds": max(
+            PROGRESS_DEADLINE_FLOOR_SECONDS, spec.warmup.timeout_seconds * attempts + 300
+        ),
+        "template": {
+            "metadata": {"labels": child_labels(owner.name)},
+            "spec": build_pod_spec(spec, owner),
+        },
+    }
+    if initial_replicas is not None:
+        deployment_spec = {"replicas": initial_replicas, **deployment_spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": owner.metadata(),
+        "spec": deployment_spec,
+    }

@@ -1,0 +1,51 @@
+"""Render the runtime's config JSON (env KILN_RUNTIME_CONFIG) from an InferenceService spec.
+
+Why it exists: this is the operator's half of the operator/runtime contract; the keys and
+values here are exactly those the runtime's config parser accepts.
+"""
+
+import json
+from typing import Any
+
+from kiln_operator.api.v1alpha1 import InferenceServiceSpec, TensorSpec
+
+
+def _tensor(tensor: TensorSpec) -> dict[str, Any]:
+    return {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+
+
+def build_runtime_config(spec: InferenceServiceSpec, service_name: str) -> dict[str, Any]:
+    """The runtime config as a dict (camelCase keys, as the contract specifies)."""
+    batching = spec.runtime.batching
+    optimization = spec.runtime.optimization
+    warmup_batches = spec.warmup.batch_sizes or sorted({1, batching.max_batch_size})
+    return {
+        "model": {
+            "name": spec.model_name(service_name),
+            "version": spec.model.version,
+            "format": spec.model.format,
+            "inputs": [_tensor(tensor) for tensor in spec.model.inputs],
+            "outputs": [_tensor(tensor) for tensor in spec.model.outputs],
+        },
+        "optimization": {
+            "mode": optimization.mode,
+            "precision": optimization.precision,
+            "cudaGraphs": optimization.cuda_graphs,
+            "device": "cuda" if spec.resources.gpu_count > 0 else "cpu",
+        },
+        "batching": {
+            "maxBatchSize": batching.max_batch_size,
+            "maxQueueDelayMicroseconds": batching.max_queue_delay_microseconds,
+            "maxQueueSize": batching.max_queue_size,
+        },
+        "warmup": {"batchSizes": warmup_batches},
+        "drain": {"timeoutSeconds": spec.drain.max_request_seconds},
+    }
+
+
+def render_runtime_config(spec: InferenceServiceSpec, service_name: str) -> str:
+    """The runtime config as compact, key-sorted JSON: byte-identical for an unchanged spec, so
+    an unchanged spec never triggers a rollout."""
+    return json.dumps(
+        build_runtime_config(spec, service_name), sort_keys=True, separators=(",", ":")
+    )

@@ -1,0 +1,115 @@
+"""Names Kiln shares with the Kubernetes API: group, labels, annotations, condition types, reasons.
+
+Why it exists: every string that another program (kubectl, Argo CD, the runtime, the warm-up gate,
+the autoscaler) matches on is defined once here, with a comment saying who reads it.
+"""
+
+from typing import Final
+
+# --- API identity -----------------------------------------------------------------------------
+GROUP: Final = "serving.kiln.dev"
+"""The API group of Kiln's custom resources."""
+VERSION: Final = "v1alpha1"
+"""The only served and stored version."""
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "InferenceService"
+PLURAL: Final = "inferenceservices"
+SINGULAR: Final = "inferenceservice"
+SHORT_NAMES: Final = ("kis",)
+"""`kis`, not `isvc`: KServe owns `isvc` and both may be installed in one cluster."""
+CATEGORIES: Final = ("kiln", "all")
+"""`kubectl get kiln` lists every Kiln object; `kubectl get all` includes them."""
+
+# --- labels on every child object (selectors and `kubectl get -l` rely on them) ---------------
+LABEL_NAME: Final = "app.kubernetes.io/name"
+"""Value: the InferenceService's name."""
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+"""Value: the InferenceService's name; the pod selector of its Deployment, Service and PDB."""
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+"""Value: COMPONENT_PREDICTOR for the runtime pods."""
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+"""Value: MANAGER. The operator watches only children that carry it."""
+LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
+"""Value: "kiln"."""
+LABEL_INFERENCESERVICE: Final = f"{GROUP}/inferenceservice"
+"""Value: the owning InferenceService's name; how a child event finds its parent."""
+COMPONENT_PREDICTOR: Final = "predictor"
+MANAGER: Final = "kiln-operator"
+"""The value of LABEL_MANAGED_BY and the field manager of every write this operator makes."""
+
+# --- annotations -------------------------------------------------------------------------------
+ANNOTATION_SPEC_HASH: Final = f"{GROUP}/spec-hash"
+"""On children: a digest of the desired object, for humans reading `kubectl describe`."""
+ANNOTATION_PROMETHEUS_SCRAPE: Final = "prometheus.io/scrape"
+ANNOTATION_PROMETHEUS_PORT: Final = "prometheus.io/port"
+ANNOTATION_PROMETHEUS_PATH: Final = "prometheus.io/path"
+"""The three plain scrape annotations, used when the Prometheus Operator is not installed."""
+
+# --- pod readiness gate (issue 5's warm-up gate sets it) ----------------------------------------
+CONDITION_WARMED_UP: Final = f"{GROUP}/warmed-up"
+"""Pod condition the warm-up gate sets True once the pod met its warm-up p99 bound."""
+
+# --- runtime contract ----------------------------------------------------------------------------
+RUNTIME_CONTAINER: Final = "runtime"
+ENV_RUNTIME_CONFIG: Final = "KILN_RUNTIME_CONFIG"
+"""Environment variable carrying the runtime config JSON (the operator/runtime contract)."""
+HTTP_PORT: Final = 8000
+GRPC_PORT: Final = 8001
+METRICS_PORT: Final = 8002
+PORT_NAME_HTTP: Final = "http"
+PORT_NAME_GRPC: Final = "grpc"
+PORT_NAME_METRICS: Final = "metrics"
+HEALTH_LIVE_PATH: Final = "/v2/health/live"
+HEALTH_READY_PATH: Final = "/v2/health/ready"
+METRICS_PATH: Final = "/metrics"
+MODEL_MOUNT_ROOT: Final = "/models"
+"""Where a `pvc://` model's claim is mounted read-only inside the runtime container."""
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+"""Extended resource name of NVIDIA's device plugin; also the taint key of GPU nodes."""
+GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+"""Node label set by GPU feature discovery, e.g. NVIDIA-A100-SXM4-80GB."""
+
+# --- condition types on InferenceService.status.conditions ---------------------------------------
+CONDITION_READY: Final = "Ready"
+"""Aggregate: True only when the spec is valid, the Deployment is available and rolled out."""
+CONDITION_SPEC_VALID: Final = "SpecValid"
+"""False when the spec fails a semantic check; the last valid spec keeps serving."""
+CONDITION_DEPLOYMENT_AVAILABLE: Final = "DeploymentAvailable"
+"""Mirrors the Deployment's Available condition (at least minAvailable pods ready)."""
+CONDITION_PROGRESSING: Final = "Progressing"
+"""True while a rollout is in progress; Ready is False meanwhile."""
+CONDITION_METRICS_AVAILABLE: Final = "MetricsAvailable"
+"""Written by the autoscaler: False while Prometheus is down, stale or has no series for the
+service (replicas then never go down; spec.autoscaling.whenMetricsMissing applies)."""
+
+# --- condition reasons (CamelCase, as Kubernetes asks) --------------------------------------------
+REASON_INVALID_SPEC: Final = "InvalidSpec"
+"""The spec failed validation; message names the field path."""
+REASON_VALID: Final = "Valid"
+"""The spec passed every semantic check."""
+REASON_AVAILABLE: Final = "Available"
+"""Every desired replica of the current revision is ready and available."""
+REASON_ROLLOUT_IN_PROGRESS: Final = "RolloutInProgress"
+"""New pods are being created or old ones removed."""
+REASON_ROLLOUT_COMPLETE: Final = "RolloutComplete"
+"""The Deployment's current revision is fully rolled out."""
+REASON_MINIMUM_REPLICAS_UNAVAILABLE: Final = "MinimumReplicasUnavailable"
+"""Fewer ready pods than the Deployment needs to be Available."""
+REASON_DEPLOYMENT_MISSING: Final = "DeploymentMissing"
+"""The Deployment does not exist (yet, or was deleted and is being recreated)."""
+REASON_PROGRESS_DEADLINE_EXCEEDED: Final = "ProgressDeadlineExceeded"
+"""The rollout made no progress within the Deployment's progressDeadlineSeconds."""
+REASON_METRICS_READ: Final = "MetricsRead"
+"""The autoscaler read fresh p99, queue depth and request rate for the service."""
+REASON_METRICS_UNAVAILABLE: Final = "MetricsUnavailable"
+"""The autoscaler could not read usable metrics; the message says why."""
+REASON_SCALED_TO_ZERO: Final = "ScaledToZero"
+"""The Deployment has zero replicas: nothing serves, by choice."""
+
+# --- event reasons ------------------------------------------------------------------------------
+EVENT_READY: Final = "Ready"
+EVENT_NOT_READY: Final = "NotReady"
+EVENT_INVALID_SPEC: Final = REASON_INVALID_SPEC
+EVENT_CHILD_CREATED: Final = "Created"
+EVENT_CHILD_UPDATED: Final = "Updated"
+EVENT_CHILD_DELETED: Final = "Deleted"

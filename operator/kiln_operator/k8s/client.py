@@ -1,0 +1,212 @@
+"""A small JSON client for the Kubernetes API on top of kubernetes_asyncio's connection handling.
+
+Why it exists: the reconcile loop works on plain dicts (what the builders produce and what the
+API server returns), for every kind alike, including custom resources. kubernetes_asyncio
+supplies kubeconfig / in-cluster auth and the connection pool; this adds get / create /
+replace / delete / merge-patch returning dicts, and a user agent that names the operator.
+"""
+
+import json
+import os
+from types import TracebackType
+from typing import Any
+
+from kubernetes_asyncio import client, config
+
+from kiln_operator import constants
+from kiln_operator.k8s.resources import Resource
+
+Manifest = dict[str, Any]
+
+
+APPLY_KINDS = {"inferenceservices": constants.KIND}
+"""Kinds by plural, for the objects this client server-side-applies."""
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the API server."""
+
+    def __init__(self, status: int, method: str, path: str, body: str) -> None:
+        super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
+        self.status = status
+
+    @property
+    def is_conflict(self) -> bool:
+        """409: a stale resourceVersion, or the object already exists."""
+        return self.status == 409
+
+    @property
+    def is_not_found(self) -> bool:
+        """404."""
+        return self.status == 404
+
+
+async def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
+    """The given kubeconfig; else the in-cluster service account when running in a pod; else
+    $KUBECONFIG / ~/.kube/config."""
+    configuration = client.Configuration()
+    kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    configuration.connection_pool_maxsize = 32
+    return configuration
+
+
+class KubeClient:
+    """JSON in, JSON out. Use as `async with KubeClient(configuration) as kube:`."""
+
+    def __init__(self, configuration: client.Configuration, component: str = "kiln") -> None:
+        self._api = client.ApiClient(configuration)
+        # The user agent names the component, so audit logs tell its writes from the others'.
+        self._api.user_agent = f"{constants.MANAGER}/{component}"
+
+    async def __aenter__(self) -> "KubeClient":
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Release the connection pool."""
+        await self._api.close()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: list[tuple[str, str]] | None = None,
+    ) -> Manifest:
+        response = await self._api.call_api(
+            path,
+            method,
+            query_params=query or [],
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+        )
+        try:
+            text = await response.text()
+        finally:
+            response.release()
+        if not 200 <= response.status < 300:
+            raise ApiError(response.status, method, path, text)
+        parsed: Manifest = json.loads(text) if text else {}
+        return parsed
+
+    async def get(self, resource: Resource, namespace: str | None, name: str) -> Manifest | None:
+        """The object, or None when it does not exist."""
+        try:
+            return await self._call("GET", resource.path(namespace, name))
+        except ApiError as error:
+            if error.is_not_found:
+                return None
+            raise
+
+    async def list(
+        self, resource: Resource, namespace: str | None, label_selector: str | None = None
+    ) -> list[Manifest]:
+        """Every object of the collection (matching the selector)."""
+        query = [("labelSelector", label_selector)] if label_selector else []
+        answer = await self._call("GET", resource.path(namespace), query=query)
+        items: list[Manifest] = answer.get("items", [])
+        return items
+
+    async def create(self, resource: Resource, namespace: str | None, body: Manifest) -> Manifest:
+        """POST a new object."""
+        return await self._call(
+            "POST", resource.path(namespace), body, query=[("fieldManager", constants.MANAGER)]
+        )
+
+    async def replace(self, resource: Resource, namespace: str | None, body: Manifest) -> Manifest:
+        """PUT the whole object; its metadata.resourceVersion makes a stale write fail with 409."""
+        return await self._call(
+            "PUT",
+            resource.path(namespace, body["metadata"]["name"]),
+            body,
+            query=[("fieldManager", constants.MANAGER)],
+        )
+
+    async def delete(self, resource: Resource, namespace: str | None, name: str, uid: str) -> None:
+        """DELETE one object, only if it is still the one we saw (uid precondition)."""
+        try:
+            await self._call(
+                "DELETE",
+                resource.path(namespace, name),
+                {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}},
+            )
+        except ApiError as error:
+            if not error.is_not_found:
+                raise
+
+    async def merge_patch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        patch: Manifest,
+        subresource: str | None = None,
+    ) -> Manifest:
+        """JSON-merge-patch an object (or its `subresource`, e.g. "scale")."""
+        path = resource.path(namespace, name) + (f"/{subresource}" if subresource else "")
+        return await self._call(
+            "PATCH",
+            path,
+            patch,
+            content_type="application/merge-patch+json",
+            query=[("fieldManager", constants.MANAGER)],
+        )
+
+    async def strategic_patch_status(
+        self, resource: Resource, namespace: str | None, name: str, patch: Manifest
+    ) -> Manifest:
+        """Strategic-merge-patch the status subresource of a built-in kind: lists with a merge
+        key (a pod's conditions, by type) are merged, so other writers' entries stay."""
+        return await self._call(
+            "PATCH",
+            resource.path(namespace, name) + "/status",
+            patch,
+            content_type="application/strategic-merge-patch+json",
+            query=[("fieldManager", constants.MANAGER)],
+        )
+
+    async def apply_status(
+        self, resource: Resource, namespace: str | None, name: str, status: Manifest, manager: str
+    ) -> Manifest:
+        """Server-side apply of the status subresource as field manager `manager`: the server
+        merges list-map entries (conditions, by type) of different managers instead of one
+        writer's list replacing another's."""
+        body = {
+            "apiVersion": f"{resource.group}/{resource.version}" if resource.group else "v1",
+            "kind": APPLY_KINDS[resource.plural],
+            "metadata": {"name": name, **({"namespace": namespace} if namespace else {})},
+            "status": status,
+        }
+        return await self._call(
+            "PATCH",
+            resource.path(namespace, name) + "/status",
+            body,
+            content_type="application/apply-patch+yaml",
+            query=[("fieldManager", manager), ("force", "true")],
+        )
+
+    async def patch_status(
+        self, resource: Resource, namespace: str | None, name: str, status: Manifest
+    ) -> Manifest:
+        """JSON merge-patch the status subresource."""
+        return await self._call(
+            "PATCH",
+            resource.path(namespace, name) + "/status",
+            {"status": status},
+            content_type="application/merge-patch+json",
+            query=[("fieldManager", constants.MANAGER)],
+        )

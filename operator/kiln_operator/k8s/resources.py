@@ -1,0 +1,42 @@
+"""The Kubernetes resources the operator reads and writes, and their REST paths."""
+
+from dataclasses import dataclass
+
+from kiln_operator import constants
+from kiln_operator.builders import service_monitor
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One REST resource: group ("" for core), version and plural."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        """The URL path of the collection, or of one object when `name` is given."""
+        root = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
+        if self.namespaced and namespace is not None:
+            root += f"/namespaces/{namespace}"
+        root += f"/{self.plural}"
+        return root if name is None else f"{root}/{name}"
+
+
+DEPLOYMENTS = Resource("apps", "v1", "deployments")
+SERVICES = Resource("", "v1", "services")
+PODS = Resource("", "v1", "pods")
+PDBS = Resource("policy", "v1", "poddisruptionbudgets")
+SERVICE_MONITORS = Resource(
+    service_monitor.SERVICE_MONITOR_GROUP,
+    service_monitor.SERVICE_MONITOR_VERSION,
+    service_monitor.SERVICE_MONITOR_PLURAL,
+)
+INFERENCE_SERVICES = Resource(constants.GROUP, constants.VERSION, constants.PLURAL)
+CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False)
+SERVICE_MONITOR_CRD = (
+    f"{service_monitor.SERVICE_MONITOR_PLURAL}.{service_monitor.SERVICE_MONITOR_GROUP}"
+)
+CLUSTER_PEERINGS = Resource("kopf.dev", "v1", "clusterkopfpeerings", namespaced=False)
+NAMESPACED_PEERINGS = Resource("kopf.dev", "v1", "kopfpeerings")

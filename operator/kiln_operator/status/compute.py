@@ -1,0 +1,238 @@
+"""compute_status: the InferenceService's status from what was observed, and what to announce.
+
+Why it exists: the reconcile loop must write status only when it changed and emit an event
+only on a transition; deciding both is pure and belongs in one tested function.
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kiln_operator import constants
+from kiln_operator.status.conditions import Condition, find_condition, set_condition
+from kiln_operator.status.deployment import rollout_state
+
+OWNED_STATUS_KEYS = (
+    "observedGeneration",
+    "conditions",
+    "replicas",
+    "readyReplicas",
+    "updatedReplicas",
+    "availableReplicas",
+    "selector",
+    "url",
+    "grpcAddress",
+)
+"""Status keys the reconcile loop writes; status.autoscaling belongs to the autoscaler."""
+
+
+OWNED_CONDITION_TYPES = (
+    constants.CONDITION_SPEC_VALID,
+    constants.CONDITION_DEPLOYMENT_AVAILABLE,
+    constants.CONDITION_PROGRESSING,
+    constants.CONDITION_READY,
+)
+"""Condition types the reconcile loop writes; others in the list belong to other writers."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes event to emit on the InferenceService."""
+
+    type: str  # "Normal" or "Warning"
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class StatusUpdate:
+    """What changed in status (None: nothing), the events to emit, and the status to apply."""
+
+    patch: dict[str, Any] | None
+    events: list[Event] = field(default_factory=list)
+    applied: dict[str, Any] = field(default_factory=dict)
+    """Every status field the reconcile loop owns, with only its own conditions: the body of a
+    server-side apply, which merges conditions by type and so never touches the conditions
+    other writers (the autoscaler) own."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything the status is computed from."""
+
+    generation: int
+    spec_error: str | None
+    """None when the spec is valid, else the message naming the field."""
+    deployment: dict[str, Any] | None
+    """The live Deployment (with status), or None when it does not exist."""
+    selector: str
+    url: str
+    grpc_address: str
+
+
+def _conditions(
+    observation: Observation, previous: list[Condition], now: datetime
+) -> list[Condition]:
+    generation = observation.generation
+
+    def put(
+        conditions: list[Condition], kind: str, status: bool, reason: str, message: str
+    ) -> list[Condition]:
+        return set_condition(
+            conditions,
+            condition_type=kind,
+            status="True" if status else "False",
+            reason=reason,
+            message=message,
+            observed_generation=generation,
+            now=now,
+        )
+
+    conditions = list(previous)
+    if observation.spec_error is None:
+        conditions = put(
+            conditions, constants.CONDITION_SPEC_VALID, True, constants.REASON_VALID, ""
+        )
+    else:
+        conditions = put(
+            conditions,
+            constants.CONDITION_SPEC_VALID,
+            False,
+            constants.REASON_INVALID_SPEC,
+            observation.spec_error,
+        )
+
+    if observation.deployment is None:
+        missing = "the runtime Deployment does not exist"
+        conditions = put(
+            conditions,
+            constants.CONDITION_DEPLOYMENT_AVAILABLE,
+            False,
+            constants.REASON_DEPLOYMENT_MISSING,
+            missing,
+        )
+        conditions = put(
+            conditions,
+            constants.CONDITION_PROGRESSING,
+            True,
+            constants.REASON_DEPLOYMENT_MISSING,
+            missing,
+        )
+        ready = (False, constants.REASON_DEPLOYMENT_MISSING, missing)
+    else:
+        state = rollout_state(observation.deployment)
+        if state.is_available:
+            conditions = put(
+                conditions,
+                constants.CONDITION_DEPLOYMENT_AVAILABLE,
+                True,
+                constants.REASON_AVAILABLE,
+                state.detail,
+            )
+        else:
+            conditions = put(
+                conditions,
+                constants.CONDITION_DEPLOYMENT_AVAILABLE,
+                False,
+                constants.REASON_MINIMUM_REPLICAS_UNAVAILABLE,
+                f"{state.available} of {state.desired} pods available",
+            )
+        if state.deadline_exceeded:
+            conditions = put(
+                conditions,
+                constants.CONDITION_PROGRESSING,
+                False,
+                constants.REASON_PROGRESS_DEADLINE_EXCEEDED,
+                state.detail,
+            )
+        elif state.in_progress:
+            conditions = put(
+                conditions,
+                constants.CONDITION_PROGRESSING,
+                True,
+                constants.REASON_ROLLOUT_IN_PROGRESS,
+                state.detail,
+            )
+        else:
+            conditions = put(
+                conditions,
+                constants.CONDITION_PROGRESSING,
+                False,
+                constants.REASON_ROLLOUT_COMPLETE,
+                state.detail,
+            )
+
+        if state.desired == 0:
+            ready = (False, constants.REASON_SCALED_TO_ZERO, "the Deployment has 0 replicas")
+        elif state.deadline_exceeded:
+            ready = (False, constants.REASON_PROGRESS_DEADLINE_EXCEEDED, state.detail)
+        elif state.in_progress:
+            ready = (False, constants.REASON_ROLLOUT_IN_PROGRESS, state.detail)
+        elif not state.is_available or state.ready == 0:
+            ready = (False, constants.REASON_MINIMUM_REPLICAS_UNAVAILABLE, state.detail)
+        else:
+            ready = (True, constants.REASON_AVAILABLE, state.detail)
+
+    if observation.spec_error is not None:
+        ready = (False, constants.REASON_INVALID_SPEC, observation.spec_error)
+    return put(conditions, constants.CONDITION_READY, *ready)
+
+
+def _events(previous: list[Condition], current: list[Condition]) -> list[Event]:
+    events: list[Event] = []
+    old_valid = find_condition(previous, constants.CONDITION_SPEC_VALID)
+    new_valid = find_condition(current, constants.CONDITION_SPEC_VALID)
+    if (
+        new_valid is not None
+        and new_valid["status"] == "False"
+        and (
+            old_valid is None
+            or (old_valid.get("status"), old_valid.get("message"))
+            != ("False", new_valid["message"])
+        )
+    ):
+        events.append(Event("Warning", constants.EVENT_INVALID_SPEC, new_valid["message"]))
+    old_ready = find_condition(previous, constants.CONDITION_READY)
+    new_ready = find_condition(current, constants.CONDITION_READY)
+    if new_ready is not None and (
+        old_ready is None or old_ready.get("status") != new_ready["status"]
+    ):
+        if new_ready["status"] == "True":
+            events.append(Event("Normal", constants.EVENT_READY, new_ready["message"]))
+        elif old_ready is not None:
+            events.append(
+                Event(
+                    "Warning",
+                    constants.EVENT_NOT_READY,
+                    f"{new_ready['reason']}: {new_ready['message']}",
+                )
+            )
+    return events
+
+
+def compute_status(
+    previous: dict[str, Any], observation: Observation, now: datetime
+) -> StatusUpdate:
+    """The status patch (only keys whose value changed) and the events of this transition."""
+    previous_conditions: list[Condition] = list(previous.get("conditions") or [])
+    conditions = _conditions(observation, previous_conditions, now)
+    deployment_status = (observation.deployment or {}).get("status") or {}
+    desired: dict[str, Any] = {
+        "observedGeneration": observation.generation,
+        "conditions": conditions,
+        "replicas": int(deployment_status.get("replicas") or 0),
+        "readyReplicas": int(deployment_status.get("readyReplicas") or 0),
+        "updatedReplicas": int(deployment_status.get("updatedReplicas") or 0),
+        "availableReplicas": int(deployment_status.get("availableReplicas") or 0),
+        "selector": observation.selector,
+        "url": observation.url,
+        "grpcAddress": observation.grpc_address,
+    }
+    patch = {key: value for key, value in desired.items() if previous.get(key) != value}
+    applied = {
+        **desired,
+        "conditions": [c for c in conditions if c["type"] in OWNED_CONDITION_TYPES],
+    }
+    return StatusUpdate(
+        patch=patch or None, events=_events(previous_conditions, conditions), applied=applied
+    )

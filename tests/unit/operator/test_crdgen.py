@@ -1,0 +1,148 @@
+"""The generated CRD: pinned by the committed file, structural, and self-describing."""
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kiln_operator.api import crdgen
+from tests.unit.operator.conftest import REPO
+
+CRDS = REPO / "crds"
+
+
+def walk(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, schema
+    for name, child in (schema.get("properties") or {}).items():
+        yield from walk(child, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        yield from walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from walk(schema["additionalProperties"], f"{path}{{}}")
+
+
+def version() -> dict[str, Any]:
+    versions: list[dict[str, Any]] = crdgen.build_crd()["spec"]["versions"]
+    return versions[0]
+
+
+def test_committed_crds_are_what_the_models_generate() -> None:
+    assert (CRDS / crdgen.CRD_FILE_NAME).read_text() == crdgen.render_crd()
+    assert sorted(p.name for p in CRDS.iterdir()) == sorted(
+        [crdgen.CRD_FILE_NAME, crdgen.KUSTOMIZATION]
+        + [crdgen.peering_crd_file_name(scope) for scope in crdgen.PEERING_KINDS]
+    )
+    for scope in crdgen.PEERING_KINDS:
+        assert (CRDS / crdgen.peering_crd_file_name(scope)).read_text() == (
+            crdgen.render_peering_crd(scope)
+        )
+
+
+def test_crdgen_writes_every_file(tmp_path: Path) -> None:
+    assert crdgen.main(["--out", str(tmp_path)]) == 0
+    assert (tmp_path / crdgen.CRD_FILE_NAME).read_text() == crdgen.render_crd()
+    kinds = {
+        yaml.safe_load((tmp_path / crdgen.peering_crd_file_name(scope)).read_text())["spec"][
+            "names"
+        ]["kind"]
+        for scope in crdgen.PEERING_KINDS
+    }
+    assert kinds == {"ClusterKopfPeering", "KopfPeering"}
+    listed = yaml.safe_load((tmp_path / crdgen.KUSTOMIZATION).read_text())["resources"]
+    assert sorted(listed) == sorted(
+        p.name for p in tmp_path.iterdir() if p.name != crdgen.KUSTOMIZATION
+    )
+    assert len(listed) == 3
+
+
+def test_every_field_has_a_description() -> None:
+    schema = version()["schema"]["openAPIV3Schema"]
+    undocumented = [
+        path
+        for path, node in walk(schema)
+        if path
+        and path != ".metadata"
+        and not path.endswith(("[]", "{}"))
+        and not node.get("description")
+    ]
+    assert undocumented == []
+
+
+def test_the_schema_is_structural() -> None:
+    schema = version()["schema"]["openAPIV3Schema"]
+    for path, node in walk(schema):
+        assert "$ref" not in node, path
+        assert "anyOf" not in node, path
+        assert "allOf" not in node, path
+        assert "title" not in node, path
+        assert "type" in node, path
+        assert node.get("additionalProperties") is not False, path
+        assert not ("properties" in node and "additionalProperties" in node), path
+        if "exclusiveMinimum" in node:
+            assert node["exclusiveMinimum"] is True and "minimum" in node, path
+
+
+def test_optional_fields_are_nullable_and_required_ones_required() -> None:
+    spec = version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert set(spec["required"]) == {"model", "runtime", "slo"}
+    model = spec["properties"]["model"]
+    assert model["properties"]["name"]["nullable"] is True
+    assert set(model["required"]) == {"uri", "format", "inputs", "outputs"}
+
+
+def test_scalar_defaults_are_published_and_object_defaults_are_not() -> None:
+    spec = version()["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    batching = spec["runtime"]["properties"]["batching"]
+    assert batching["properties"]["maxBatchSize"]["default"] == 32
+    assert "default" not in batching
+    assert "default" not in spec["resources"]
+
+
+def test_tensor_lists_and_conditions_are_keyed_by_name_and_type() -> None:
+    schema = version()["schema"]["openAPIV3Schema"]["properties"]
+    inputs = schema["spec"]["properties"]["model"]["properties"]["inputs"]
+    assert inputs["x-kubernetes-list-type"] == "map"
+    assert inputs["x-kubernetes-list-map-keys"] == ["name"]
+    conditions = schema["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_names_subresources_and_printer_columns() -> None:
+    crd = crdgen.build_crd()
+    names = crd["spec"]["names"]
+    assert names["shortNames"] == ["kis"]
+    assert "isvc" not in names["shortNames"]
+    subresources = version()["subresources"]
+    assert subresources["status"] == {}
+    assert subresources["scale"]["labelSelectorPath"] == ".status.selector"
+    columns = [column["name"] for column in version()["additionalPrinterColumns"]]
+    assert columns == ["Ready", "Replicas", "Warm", "P99", "Queue", "URL", "Age"]
+
+
+def test_printer_columns_point_at_fields_that_exist() -> None:
+    status = version()["schema"]["openAPIV3Schema"]["properties"]["status"]
+    for column in version()["additionalPrinterColumns"]:
+        path = column["jsonPath"]
+        if not path.startswith(".status.") or "[?" in path:
+            continue
+        node = status
+        for part in path.removeprefix(".status.").split("."):
+            node = node["properties"][part]
+        assert node["type"] in ("integer", "number", "string"), path
+
+
+def test_the_api_reference_documents_every_field() -> None:
+    reference = (REPO / "docs" / "api.md").read_text()
+    root = version()["schema"]["openAPIV3Schema"]["properties"]
+    missing = [
+        f"{part}{path}"
+        for part in ("spec", "status")
+        for path, node in walk(root[part])
+        if path
+        and not path.endswith(("[]", "{}"))
+        and node.get("type") != "object"
+        and f"`{part}{path}`" not in reference
+        and f"`{part}{path}[]`" not in reference
+    ]
+    assert missing == []

@@ -1,0 +1,220 @@
+"""Status: rollout reading, the aggregate Ready, transition times, change-only patches, events."""
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kiln_operator import constants
+from kiln_operator.status import compute_status, find_condition, rollout_state, set_condition
+from kiln_operator.status.compute import Observation
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def deployment(
+    *,
+    replicas: int = 2,
+    generation: int = 1,
+    observed: int = 1,
+    updated: int = 2,
+    ready: int = 2,
+    available: int = 2,
+    current: int | None = None,
+    progressing_reason: str = "NewReplicaSetAvailable",
+) -> dict[str, Any]:
+    return {
+        "metadata": {"generation": generation},
+        "spec": {"replicas": replicas},
+        "status": {
+            "observedGeneration": observed,
+            "replicas": replicas if current is None else current,
+            "updatedReplicas": updated,
+            "readyReplicas": ready,
+            "availableReplicas": available,
+            "conditions": [
+                {"type": "Available", "status": "True" if available >= 1 else "False"},
+                {"type": "Progressing", "status": "True", "reason": progressing_reason},
+            ],
+        },
+    }
+
+
+def observe(
+    deploy: dict[str, Any] | None, error: str | None = None, generation: int = 1
+) -> Observation:
+    return Observation(
+        generation=generation,
+        spec_error=error,
+        deployment=deploy,
+        selector="app=x",
+        url="http://x.ns.svc:8000",
+        grpc_address="x.ns.svc:8001",
+    )
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    found = find_condition(status["conditions"], kind)
+    assert found is not None
+    return found
+
+
+def test_rollout_states() -> None:
+    assert not rollout_state(deployment()).in_progress
+    assert rollout_state(deployment(generation=2, observed=1)).in_progress
+    assert rollout_state(deployment(updated=1)).in_progress
+    assert rollout_state(deployment(current=3)).in_progress  # an old pod still terminating
+    assert rollout_state(deployment(available=1)).in_progress
+    stuck = rollout_state(deployment(updated=1, progressing_reason="ProgressDeadlineExceeded"))
+    assert stuck.deadline_exceeded
+
+
+def test_ready_when_rolled_out_and_available() -> None:
+    update = compute_status({}, observe(deployment()), T0)
+    assert update.patch is not None
+    ready = condition(update.patch, constants.CONDITION_READY)
+    assert (ready["status"], ready["reason"]) == ("True", constants.REASON_AVAILABLE)
+    assert ready["observedGeneration"] == 1
+    assert update.patch["readyReplicas"] == 2
+    assert update.patch["url"] == "http://x.ns.svc:8000"
+    assert [e.reason for e in update.events] == [constants.EVENT_READY]
+
+
+def test_not_ready_while_a_rollout_is_in_progress() -> None:
+    update = compute_status({}, observe(deployment(generation=2, observed=1)), T0)
+    assert update.patch is not None
+    ready = condition(update.patch, constants.CONDITION_READY)
+    assert (ready["status"], ready["reason"]) == ("False", constants.REASON_ROLLOUT_IN_PROGRESS)
+    progressing = condition(update.patch, constants.CONDITION_PROGRESSING)
+    assert progressing["status"] == "True"
+
+
+def test_not_ready_without_a_deployment_or_with_zero_replicas() -> None:
+    missing = compute_status({}, observe(None), T0).patch
+    assert missing is not None
+    assert (
+        condition(missing, constants.CONDITION_READY)["reason"]
+        == constants.REASON_DEPLOYMENT_MISSING
+    )
+    zero = compute_status({}, observe(deployment(replicas=0, updated=0, ready=0, available=0)), T0)
+    assert zero.patch is not None
+    assert (
+        condition(zero.patch, constants.CONDITION_READY)["reason"]
+        == constants.REASON_SCALED_TO_ZERO
+    )
+
+
+def test_invalid_spec_is_not_ready_names_the_field_and_warns_once() -> None:
+    message = "spec.autoscaling: minReplicas (5) must not exceed maxReplicas (2)"
+    first = compute_status({}, observe(deployment(), error=message), T0)
+    assert first.patch is not None
+    ready = condition(first.patch, constants.CONDITION_READY)
+    assert (ready["status"], ready["reason"], ready["message"]) == (
+        "False",
+        constants.REASON_INVALID_SPEC,
+        message,
+    )
+    assert condition(first.patch, constants.CONDITION_SPEC_VALID)["status"] == "False"
+    # the running Deployment is still reported: the last valid spec keeps serving
+    assert condition(first.patch, constants.CONDITION_DEPLOYMENT_AVAILABLE)["status"] == "True"
+    assert [(e.type, e.reason) for e in first.events] == [("Warning", constants.EVENT_INVALID_SPEC)]
+    again = compute_status(
+        first.patch, observe(deployment(), error=message), T0 + timedelta(minutes=1)
+    )
+    assert again.patch is None
+    assert again.events == []
+
+
+def test_converged_status_produces_no_patch_and_keeps_transition_times() -> None:
+    first = compute_status({}, observe(deployment()), T0)
+    assert first.patch is not None
+    later = compute_status(first.patch, observe(deployment()), T0 + timedelta(hours=1))
+    assert later.patch is None
+    assert later.events == []
+
+
+def test_transition_time_moves_only_when_status_changes() -> None:
+    first = compute_status({}, observe(deployment()), T0).patch
+    assert first is not None
+    t1 = T0 + timedelta(minutes=5)
+    rolling = compute_status(first, observe(deployment(generation=2, observed=1), generation=2), t1)
+    assert rolling.patch is not None
+    ready = condition(rolling.patch, constants.CONDITION_READY)
+    assert ready["lastTransitionTime"] == "2026-03-01T12:05:00Z"
+    spec_valid = condition(rolling.patch, constants.CONDITION_SPEC_VALID)
+    assert spec_valid["lastTransitionTime"] == "2026-03-01T12:00:00Z"
+    assert spec_valid["observedGeneration"] == 2
+    assert rolling.patch["observedGeneration"] == 2
+    assert [(e.type, e.reason) for e in rolling.events] == [("Warning", constants.EVENT_NOT_READY)]
+
+
+def test_only_changed_keys_are_patched_and_foreign_conditions_survive() -> None:
+    foreign = {
+        "type": "MetricsAvailable",
+        "status": "True",
+        "reason": "X",
+        "message": "",
+        "lastTransitionTime": "2026-03-01T11:00:00Z",
+    }
+    first = compute_status({"conditions": [foreign]}, observe(deployment()), T0).patch
+    assert first is not None
+    assert first["conditions"][0] == foreign
+    scaled = deployment(replicas=3, updated=3, ready=3, available=3)
+    update = compute_status(first, observe(scaled), T0)
+    assert update.patch is not None
+    assert set(update.patch) == {
+        "conditions",
+        "replicas",
+        "readyReplicas",
+        "updatedReplicas",
+        "availableReplicas",
+    }
+
+
+def test_set_condition_adds_and_replaces() -> None:
+    conditions = set_condition(
+        [],
+        condition_type="A",
+        status="True",
+        reason="R",
+        message="m",
+        observed_generation=None,
+        now=T0,
+    )
+    assert conditions == [
+        {
+            "type": "A",
+            "status": "True",
+            "reason": "R",
+            "message": "m",
+            "lastTransitionTime": "2026-03-01T12:00:00Z",
+        }
+    ]
+    replaced = set_condition(
+        conditions,
+        condition_type="A",
+        status="False",
+        reason="S",
+        message="",
+        observed_generation=4,
+        now=T0 + timedelta(seconds=1),
+    )
+    assert len(replaced) == 1
+    assert replaced[0]["lastTransitionTime"] == "2026-03-01T12:00:01Z"
+    assert replaced[0]["observedGeneration"] == 4
+
+
+def test_the_applied_status_holds_only_the_reconcile_loops_own_conditions() -> None:
+    foreign = {
+        "type": "MetricsAvailable",
+        "status": "True",
+        "reason": "X",
+        "message": "",
+        "lastTransitionTime": "2026-03-01T11:00:00Z",
+    }
+    update = compute_status({"conditions": [foreign]}, observe(deployment()), T0)
+    assert [c["type"] for c in update.applied["conditions"]] == [
+        "SpecValid",
+        "DeploymentAvailable",
+        "Progressing",
+        "Ready",
+    ]
+    assert update.applied["url"] == "http://x.ns.svc:8000"
