@@ -16,7 +16,7 @@ help: ## List the targets with a line on each
 $(VENV)/.installed: constraints.txt requirements-dev.txt operator/pyproject.toml runtime_image/pyproject.toml e2e/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -r requirements-dev.txt -e 'operator[simulator]' -e runtime_image -e e2e
+	$(PY) -m pip install -q -c constraints.txt -r requirements-dev.txt -e 'operator[simulator]' -e 'runtime_image[test]' -e e2e
 	touch $@
 
 venv: $(VENV)/.installed ## Create .venv with every Python dependency (pinned by constraints.txt)
@@ -51,9 +51,10 @@ typecheck: venv ## mypy (strict) over every package and the tests
 
 check: venv ## Regenerate generated files and fail on any difference
 	$(PY) -m kiln_operator.api.crdgen --out crds/
-	git diff --exit-code -- crds/ || { echo "crds/ is out of date: run 'make crds' and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- crds/)" || { git status --short -- crds/; \
+	  echo "crds/ differs from what the models generate: run 'make crds' and commit"; exit 1; }
 
-test: venv system-deps lint typecheck check ## Every test: lint, types, generated files, unit, integration
+test: venv system-deps docker-up lint typecheck check ## Every test: lint, types, generated files, unit, integration, images
 	$(PY) -m pytest tests
 
 test-unit: venv ## Unit tests only (no cluster, no network)
@@ -62,4 +63,61 @@ test-unit: venv ## Unit tests only (no cluster, no network)
 demo: venv system-deps ## Kiln's main job, locally: cluster, operator, a sample service, load
 	bash e2e/demo.sh
 
-.PHONY: help venv lock system-deps cluster-binaries cluster-up cluster-down docker-up lint typecheck check test test-unit demo
+e2e-kind: ## End to end on kind (needs Docker, kind and internet; not run here)
+	bash e2e/kind.sh
+
+OPERATOR_IMAGE ?= kiln/operator:dev
+image-operator: base-image ## Build the operator image from operator/Dockerfile as $(OPERATOR_IMAGE)
+	docker build --network host --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE) -t $(OPERATOR_IMAGE) operator
+	docker image prune -f >/dev/null  # the replaced image would stay behind, untagged
+
+.PHONY: help venv lock system-deps cluster-binaries cluster-up cluster-down docker-up lint typecheck check test test-unit demo e2e-kind image-operator
+
+# ---- operator ----
+KUBECTL = $$(bash e2e/cluster/binaries.sh)/kubectl
+
+crds: venv ## Regenerate crds/ (CRDs + kustomization) from the InferenceService pydantic models
+	$(PY) -m kiln_operator.api.crdgen --out crds/
+
+run-operator: venv ## Run the operator in the foreground against $KUBECONFIG (default: the local cluster)
+	$(KUBECTL) apply -k crds/
+	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/inferenceservices.serving.kiln.dev
+	$(PY) -m kiln_operator run
+
+bench-operator: venv ## 100 and 1000 InferenceServices at once on the local cluster -> docs/benchmarks/operator.md
+	$(PY) -m tests.integration.operator.bench_operator --counts 100 1000 --out docs/benchmarks/operator.md
+
+.PHONY: crds run-operator bench-operator
+
+# ---- runtime ----
+RUNTIME_IMAGE ?= kiln/runtime:dev
+RUNTIME_BASE_IMAGE ?= kiln/debian-python:bookworm
+BENCH_VENV := .kiln/bench-venv
+
+base-image: docker-up ## Build the local Debian + Python base image (debootstrap + docker import)
+	bash e2e/docker/base-image.sh $(RUNTIME_BASE_IMAGE)
+
+image-runtime: base-image ## Build the runtime image from runtime_image/Dockerfile as $(RUNTIME_IMAGE)
+	docker build --network host --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE) -t $(RUNTIME_IMAGE) runtime_image
+	docker image prune -f >/dev/null  # the replaced image (several GB) would stay behind, untagged
+
+# pytriton pins numpy 1.x, so Triton's side of the benchmark gets its own virtualenv; it sees
+# torch through the main one (a .pth line appended after its own packages).
+$(BENCH_VENV)/.installed: runtime_image/pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q nvidia-pytriton matplotlib
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+	  > "$$($(BENCH_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-kiln-main-venv.pth"
+	touch $@
+
+bench-runtime: venv $(BENCH_VENV)/.installed ## kiln_runtime vs Triton (pytriton), loopback -> docs/benchmarks/runtime.md
+	bash runtime_image/bench/system-deps.sh
+	cd runtime_image && ../$(PY) -m bench.run --out ../docs/benchmarks --triton-python ../$(BENCH_VENV)/bin/python
+
+.PHONY: base-image image-runtime bench-runtime
+
+# ---- autoscaling ----
+bench-autoscaling: venv ## Kiln's autoscaler vs HPA, KEDA, Knative, oracles on simulated days -> docs/benchmarks/autoscaling.md
+	$(PY) -m kiln_operator.simulator bench --seeds 20 --sweep-seeds 4 --processes 2 --out docs/benchmarks
+
+.PHONY: bench-autoscaling

@@ -26,14 +26,17 @@ mkdir -p "$state"
 "$kubectl" create namespace "$ns" --dry-run=client -o yaml | "$kubectl" apply -f -
 "$py" -m kiln_localcluster provide-claim --namespace "$ns" --claim models --dir "$state/models"
 
-step "The operator (log: $state/operator.log)"
+step "The operator (log: $state/operator.log), reading the cluster's Prometheus"
+KILN_PROMETHEUS_URL=$("$py" -c 'import json; print(json.load(open(".kiln/cluster/cluster.json"))["prometheus"])')
+export KILN_PROMETHEUS_URL
+echo "Prometheus: ${KILN_PROMETHEUS_URL:-none}"
 "$py" -m kiln_operator run --standalone --namespace "$ns" >"$state/operator.log" 2>&1 &
 operator_pid=$!
 trap 'kill "$operator_pid" 2>/dev/null; wait "$operator_pid" 2>/dev/null || true' EXIT
 
 step "An InferenceService: kubectl apply -f e2e/demo/inferenceservice.yaml"
 "$kubectl" apply -n "$ns" -f e2e/demo/inferenceservice.yaml
-echo "waiting for both pods to pass warm-up (the runtime loads, warms itself, then the gate measures)"
+echo "waiting for the pod to pass warm-up (the runtime loads, warms itself, then the gate measures)"
 "$kubectl" wait -n "$ns" --for=condition=Ready inferenceservice/mlp --timeout=300s
 "$kubectl" get inferenceservices -n "$ns"
 echo
@@ -42,9 +45,31 @@ echo
 "$kubectl" get pods -n "$ns" -o \
   jsonpath='{range .items[*]}{.metadata.name}{"  "}{.status.conditions[?(@.type=="serving.kiln.dev/warmed-up")].message}{"\n"}{end}'
 
-step "Load: gRPC requests over the Service's ready endpoints for 10 s"
-"$py" e2e/demo/load.py --kubectl "$kubectl" --namespace "$ns" --service mlp --model mlp \
-  --seconds 10 --concurrency 16
+replicas() { "$kubectl" get deployment mlp -n "$ns" -o jsonpath='{.spec.replicas}'; }
+watch_until() {  # watch_until SECONDS CONDITION: print the service every 5 s until CONDITION holds
+  local until=$((SECONDS + $1))
+  echo "DESIRED  READY  P99_MS  REASON"
+  while [ $SECONDS -lt $until ]; do
+    "$kubectl" get inferenceservice mlp -n "$ns" --no-headers \
+      -o custom-columns='DESIRED:.status.autoscaling.desiredReplicas,READY:.status.readyReplicas,P99_MS:.status.autoscaling.observed.p99LatencyMilliseconds,REASON:.status.autoscaling.reason' 2>/dev/null || true
+    eval "$2" && return 0
+    sleep 5
+  done
+  return 1
+}
+
+step "Load: gRPC requests over the Service's ready endpoints for 60 s; the autoscaler reacts"
+"$py" e2e/demo/load.py --namespace "$ns" --service mlp --model mlp --seconds 60 --concurrency 32 &
+load_pid=$!
+watch_until 60 '[ "$(replicas)" -gt 1 ]' && echo "scaled up to $(replicas) replicas" \
+  || echo "no scale-up within 60 s"
+wait "$load_pid" || true
+
+step "Load stopped: the autoscaler scales down once the hold window (30 s) has passed"
+watch_until 150 '[ "$(replicas)" -eq 1 ]' && echo "back to $(replicas) replica" \
+  || echo "still at $(replicas) replicas"
+echo
+"$kubectl" describe inferenceservice mlp -n "$ns" | sed -n '/^Events:/,$p'
 
 step "Done"
 echo "The cluster keeps running:  export KUBECONFIG=$KUBECONFIG"

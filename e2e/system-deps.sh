@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   curl ca-certificates  # binaries.sh: official release downloads where the internet is reachable
   iproute2              # network namespaces for fake pods with routable IPs
+  prometheus            # the autoscaler's metrics source in tests and the demo
 )
 
 missing=()

@@ -7,6 +7,7 @@ stopped first, and a failed start stops what it started, so it leaves no orphans
 """
 
 import base64
+import dataclasses
 import datetime
 import json
 import shutil
@@ -23,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from kiln_localcluster import pki, podnet
+from kiln_localcluster import pki, podnet, prometheus
 from kiln_localcluster.nodes import build_gpu_node
-from kiln_localcluster.podrunner import ApiReader
+from kiln_localcluster.podrunner import ApiReader, targets_file
 from kiln_localcluster.processes import ProcessTable, Started, is_running, spawn
 from kiln_localcluster.waiting import wait_for
 
@@ -54,6 +55,8 @@ class ClusterInfo:
     bin_dir: str
     audit_log: str
     etcd: str
+    prometheus: str = ""
+    """URL of the cluster's Prometheus (scraping Kiln pods), empty where none is installed."""
 
 
 class LocalCluster:
@@ -306,6 +309,14 @@ class LocalCluster:
             )
         else:
             _say(f"no pod runner: {reason}; pods will not run real processes")
+        if (missing := prometheus.available()) is None:
+            _say("starting prometheus")
+            monitor = prometheus.start_prometheus(targets_file(self.dir), self.dir / "prometheus")
+            table.add(monitor.process)
+            info = dataclasses.replace(info, prometheus=monitor.url)
+            self._info_path.write_text(json.dumps(asdict(info), indent=2))
+        else:
+            _say(f"no prometheus: {missing}")
 
         _say(f"creating {self.options.nodes} fake GPU nodes")
         nodes = [

@@ -13,6 +13,7 @@ Only namespaces and links this module creates are removed, by the names it recor
 import hashlib
 import ipaddress
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 
@@ -57,12 +58,25 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def create_bridge(net: PodNetwork) -> None:
-    """Create the bridge owning the pod range and make the service range unreachable."""
-    if _ip("link", "show", BRIDGE, check=False).returncode != 0:
-        _ip("link", "add", BRIDGE, "type", "bridge")
+    """Create the bridge owning the pod range, fresh, and make the service range unreachable.
+
+    A bridge and pod namespaces left by an earlier run whose processes were killed (a stopped
+    session) would still hold pod IPs that the new cluster hands out again; they go first.
+    """
+    remove_bridge(net)
+    for netns in stale_namespaces():
+        _ip("netns", "del", netns, check=False)
+    _ip("link", "add", BRIDGE, "type", "bridge")
     _ip("addr", "replace", f"{net.gateway}/{net.prefix_length}", "dev", BRIDGE)
     _ip("link", "set", BRIDGE, "up")
     _ip("route", "replace", "unreachable", net.service_cidr)
+
+
+def stale_namespaces() -> list[str]:
+    """Pod namespaces of this module's naming (kiln-<10 hex digits>) that exist now."""
+    listing = _ip("netns", "list").stdout.split("\n")
+    names = [line.split()[0] for line in listing if line.strip()]
+    return [n for n in names if re.fullmatch(rf"{NETNS_PREFIX}[0-9a-f]{{10}}", n)]
 
 
 def remove_bridge(net: PodNetwork) -> None:

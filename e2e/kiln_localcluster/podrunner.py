@@ -6,10 +6,12 @@ placed and kwok marked Running, and for each whose container runs ``python -m ki
 starts that command as a local process inside a network namespace holding the pod's IP
 (``podnet``). PersistentVolumeClaim mounts resolve, as a kubelet would, through the claim's bound
 PersistentVolume to its ``hostPath`` or ``local`` directory. The fake GPU nodes have no GPU, so
-a runtime config asking for CUDA is run on the CPU instead (said in the pod's log). A pod that goes
-away has its process stopped with SIGTERM and its termination grace period, then SIGKILL; a
-process that crashes is restarted with a doubling back-off, as a kubelet does. Other pods are
-ignored.
+a runtime config asking for CUDA is run on the CPU instead. The runner also publishes the metrics
+endpoints of the pods it runs as Prometheus file-based discovery targets, labelled as Kubernetes
+pod discovery would label them (Debian's Prometheus is built without Kubernetes discovery).
+A pod that goes away has its process stopped with SIGTERM and its termination grace period,
+then SIGKILL; a process that crashes is restarted with a doubling back-off, as a kubelet does.
+Other pods are ignored.
 """
 
 import json
@@ -56,6 +58,32 @@ def runs_kiln_runtime(pod: Pod) -> bool:
     """True for a pod whose first container is Kiln's runtime."""
     containers = pod["spec"].get("containers", [])
     return bool(containers) and containers[0].get("command", [])[:3] == RUNTIME_COMMAND
+
+
+def targets_file(state: Path) -> Path:
+    """Where the runner publishes Prometheus scrape targets for a cluster's state directory."""
+    return state / "prometheus-targets.json"
+
+
+def scrape_target(pod: Pod) -> dict[str, Any] | None:
+    """A file_sd entry for the pod's `metrics` container port, or None if it has none."""
+    container = pod["spec"]["containers"][0]
+    port = next(
+        (p["containerPort"] for p in container.get("ports", []) if p.get("name") == "metrics"),
+        None,
+    )
+    if port is None:
+        return None
+    meta = pod["metadata"]
+    labels = meta.get("labels") or {}
+    return {
+        "targets": [f"{pod['status']['podIP']}:{port}"],
+        "labels": {
+            "namespace": meta["namespace"],
+            "pod": meta["name"],
+            "inferenceservice": labels.get("serving.kiln.dev/inferenceservice", ""),
+        },
+    }
 
 
 def local_argv(container: dict[str, Any], mounts: dict[str, str]) -> list[str]:
@@ -111,13 +139,35 @@ class PodRunner:
     """Keeps one local process per runnable pod until the pod goes away."""
 
     def __init__(
-        self, api: ApiReader, net: podnet.PodNetwork, table: ProcessTable, logs: Path
+        self,
+        api: ApiReader,
+        net: podnet.PodNetwork,
+        table: ProcessTable,
+        logs: Path,
+        targets_file: Path,
     ) -> None:
         self.api = api
         self.net = net
         self.table = table
         self.logs = logs
+        self.targets_file = targets_file
         self.running: dict[str, _Running] = {}
+
+    def publish_targets(self, pods: dict[str, Pod]) -> None:
+        """Write the scrape targets of running pods (file_sd JSON), only when they changed."""
+        targets = [
+            target
+            for uid, pod in sorted(pods.items())
+            if uid in self.running
+            and is_running(self.running[uid].process)
+            and (target := scrape_target(pod)) is not None
+        ]
+        text = json.dumps(targets, indent=1, sort_keys=True)
+        if self.targets_file.exists() and self.targets_file.read_text() == text:
+            return
+        tmp = self.targets_file.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(self.targets_file)
 
     def sync(self) -> None:
         """One pass: start processes for new pods, stop those of departed pods, restart crashes."""
@@ -150,6 +200,7 @@ class PodRunner:
                 elif now - current.exited_at >= current.backoff:
                     self._forget(uid)
                     self._start(pod, restarts=current.restarts + 1)
+        self.publish_targets(wanted)
 
     def shutdown(self) -> None:
         threads = [
@@ -227,7 +278,9 @@ def run_forever(api: ApiReader, net: podnet.PodNetwork, state: Path) -> None:
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
-    runner = PodRunner(api, net, ProcessTable(state / "pods.json"), state / "pod-logs")
+    runner = PodRunner(
+        api, net, ProcessTable(state / "pods.json"), state / "pod-logs", targets_file(state)
+    )
     _log("watching for Kiln runtime pods")
     while not stopping.is_set():
         try:

@@ -10,14 +10,17 @@ import os
 import re
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kiln_localcluster import prometheus
 from kiln_localcluster.cluster import ClusterInfo, LocalCluster, kubectl
+from kiln_localcluster.podrunner import targets_file
+from kiln_localcluster.processes import stop
 from kiln_localcluster.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,3 +86,24 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def start_prometheus(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[], prometheus.LocalPrometheus]]:
+    """Start a real Prometheus scraping the cluster's Kiln pods; each is stopped afterwards."""
+    if (missing := prometheus.available()) is not None:
+        pytest.fail(f"{missing}: run `make system-deps`")
+    started: list[prometheus.LocalPrometheus] = []
+
+    def start() -> prometheus.LocalPrometheus:
+        instance = prometheus.start_prometheus(
+            targets_file(REPO / ".kiln" / "cluster"), tmp_path_factory.mktemp("prometheus")
+        )
+        started.append(instance)
+        return instance
+
+    yield start
+    for instance in started:
+        stop(instance.process)

@@ -1,0 +1,65 @@
+"""The autoscaler's kopf handler: one loop per InferenceService, evaluating at its own interval.
+
+A daemon (not a timer) because each service sets its own `evaluationIntervalSeconds`. Each pass
+is one `k8s.autoscaler.Autoscaler.evaluate`; a change of replicas is announced as an event with
+the decision's reason and explanation. Errors are logged and the loop goes on: a failed pass
+changes nothing, and the next pass decides from the cluster as it then is.
+"""
+
+import datetime
+import os
+from typing import Any
+
+import kopf
+
+from kiln_operator import constants
+from kiln_operator.k8s.autoscaler import Autoscaler
+from kiln_operator.k8s.client import ApiError
+
+PROMETHEUS_URL = os.environ.get("KILN_PROMETHEUS_URL") or None
+"""The operator's default Prometheus; `spec.autoscaling.prometheusUrl` overrides it."""
+RETRY_SECONDS = 15.0
+
+EVENT_SCALED_UP = "ScaledUp"
+EVENT_SCALED_DOWN = "ScaledDown"
+EVENT_INVALID_STATE = "InvalidAutoscalerState"
+
+
+@kopf.daemon(
+    constants.GROUP, constants.VERSION, constants.PLURAL,
+    cancellation_timeout=5.0, initial_delay=1.0,
+)  # fmt: skip
+async def inferenceservice_autoscaler(
+    *, namespace: str | None, name: str, body: kopf.Body, memo: Any,
+    stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any,
+) -> None:  # fmt: skip
+    """Evaluate, act, sleep for the service's interval; until the service is deleted."""
+    autoscaler = Autoscaler(memo.kube, PROMETHEUS_URL)
+    while not stopped:
+        interval = RETRY_SECONDS
+        try:
+            evaluation = await autoscaler.evaluate(
+                namespace or "", name, datetime.datetime.now(datetime.UTC)
+            )
+        except ApiError as error:
+            logger.warning(f"autoscaler pass failed: {error}")
+        else:
+            if evaluation is not None:
+                interval = evaluation.interval_seconds
+                decision = evaluation.decision
+                if evaluation.state_problem:
+                    kopf.warn(
+                        body,
+                        reason=EVENT_INVALID_STATE,
+                        message=evaluation.state_problem,
+                    )
+                if decision.desired_replicas != evaluation.previous_replicas:
+                    up = decision.desired_replicas > evaluation.previous_replicas
+                    kopf.event(  # kopf.info would be filtered by the posting level
+                        body,
+                        type="Normal",
+                        reason=EVENT_SCALED_UP if up else EVENT_SCALED_DOWN,
+                        message=f"{evaluation.previous_replicas} -> {decision.desired_replicas}"
+                        f" ({decision.reason}): {decision.message}"[:1024],
+                    )
+        await stopped.wait(interval)

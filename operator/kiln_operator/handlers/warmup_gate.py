@@ -1,0 +1,186 @@
+"""The warm-up gate's kopf handlers: warm each new Kiln pod up, then open its readiness gate.
+
+Every Kiln pod carries a readinessGates entry for `serving.kiln.dev/warmed-up`, so it is not
+Ready — not in its Service's endpoints — until this handler sets that condition True, after
+real-shaped requests through the pod's own address met the p99 bound (`warmup.plan`).
+
+One asyncio task per pod UID does the work. A low-level event handler (no finalizer on pods, so
+a stopped operator never blocks pod deletion) starts a task when a pod needs warming and cancels
+it when the pod is deleted. The pod condition is the only state: an operator restarted
+mid-attempt finds the condition at WarmingUp and starts the pod's warm-up again; a decided pod
+is left alone. Peering keeps a second operator from warming the same pod.
+"""
+
+import asyncio
+import datetime
+import logging
+import os
+from typing import Any, cast
+
+import kopf
+from prometheus_client import Counter, Histogram, start_http_server
+
+from kiln_operator import constants
+from kiln_operator.api.validation import SpecError, parse_spec
+from kiln_operator.k8s.client import ApiError, KubeClient
+from kiln_operator.k8s.resources import INFERENCE_SERVICES, PODS
+from kiln_operator.warmup import plan as warmup
+from kiln_operator.warmup.podstate import (
+    cold_start_seconds,
+    condition_patch,
+    needs_warmup,
+    summarize,
+    summary_status,
+)
+from kiln_operator.warmup.probe import run_attempt
+
+logger = logging.getLogger(__name__)
+
+FIELD_MANAGER = "kiln-warmup-gate"
+"""The gate's server-side-apply field manager: it owns status.warmup of InferenceServices."""
+POD_LABELS = {
+    constants.LABEL_MANAGED_BY: constants.MANAGER,
+    constants.LABEL_COMPONENT: constants.COMPONENT_PREDICTOR,
+}
+METRICS_PORT = int(os.environ.get("KILN_OPERATOR_METRICS_PORT", "0"))
+"""Port of the operator's own /metrics (warm-up telemetry); 0 serves none."""
+
+COLD_START = Histogram(
+    "kiln_operator_pod_cold_start_seconds",
+    "Time from a Kiln pod's creation until it passed warm-up.",
+    ["namespace", "inferenceservice"],
+    buckets=(1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600),
+)
+WARMUP_P99 = Histogram(
+    "kiln_operator_warmup_p99_seconds",
+    "Judged p99 latency of each warm-up attempt, per pod attempt.",
+    ["namespace", "inferenceservice"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+ATTEMPTS = Counter(
+    "kiln_operator_warmup_attempts_total",
+    "Warm-up attempts by outcome reason.",
+    ["namespace", "inferenceservice", "reason"],
+)
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+@kopf.on.startup()
+async def warmup_gate_startup(memo: kopf.Memo, **_: Any) -> None:
+    """Keep the per-pod tasks in the memo; serve the operator's metrics if a port is set."""
+    memo.warmup_tasks = {}
+    if METRICS_PORT:
+        start_http_server(METRICS_PORT)
+
+
+@kopf.on.cleanup()
+async def warmup_gate_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Cancel attempts under way: the conditions stay at WarmingUp for the next operator."""
+    for task in memo.warmup_tasks.values():
+        task.cancel()
+
+
+@kopf.on.event("", "v1", "pods", labels=POD_LABELS)
+async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> None:
+    """Start a pod's warm-up once it needs one; stop it when the pod goes away."""
+    pod = cast(dict[str, Any], dict(body))
+    uid = pod["metadata"]["uid"]
+    tasks: dict[str, asyncio.Task[None]] = memo.warmup_tasks
+    if type == "DELETED" or pod["metadata"].get("deletionTimestamp"):
+        if (task := tasks.pop(uid, None)) is not None:
+            task.cancel()
+        if type == "DELETED":
+            service = pod["metadata"].get("labels", {}).get(constants.LABEL_INFERENCESERVICE)
+            if service:
+                await publish_summary(memo.kube, pod["metadata"]["namespace"], service)
+        return
+    if uid in tasks or not needs_warmup(pod):
+        return
+    task = asyncio.create_task(_warm_up(memo.kube, pod), name=f"warm-up {uid}")
+    tasks[uid] = task
+    task.add_done_callback(lambda _: tasks.pop(uid, None))
+
+
+async def publish_summary(kube: KubeClient, namespace: str, service: str) -> None:
+    """Write the service's `status.warmup` (warm and failed pods, cold starts) if it changed."""
+    owner = await kube.get(INFERENCE_SERVICES, namespace, service)
+    if owner is None:
+        return
+    pods = await kube.list(PODS, namespace, f"{constants.LABEL_INFERENCESERVICE}={service}")
+    wanted = summary_status(summarize(pods))
+    if (owner.get("status") or {}).get("warmup") != wanted:
+        await kube.apply_status(
+            INFERENCE_SERVICES, namespace, service, {"warmup": wanted}, manager=FIELD_MANAGER
+        )
+
+
+async def _warm_up(kube: KubeClient, pod: dict[str, Any]) -> None:
+    meta = pod["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    service = meta.get("labels", {}).get(constants.LABEL_INFERENCESERVICE, "")
+    try:
+        await _gate(kube, pod, namespace, name, service)
+    except asyncio.CancelledError:
+        raise
+    except ApiError as error:
+        if not error.is_not_found:  # a pod deleted mid-attempt needs nothing more
+            logger.error("warm-up of pod %s/%s: %s", namespace, name, error)
+    except Exception:
+        logger.exception("warm-up of pod %s/%s failed unexpectedly", namespace, name)
+
+
+async def _gate(
+    kube: KubeClient, pod: dict[str, Any], namespace: str, name: str, service: str
+) -> None:
+    owner = await kube.get(INFERENCE_SERVICES, namespace, service)
+    if owner is None:
+        return
+    spec = parse_spec(service, owner.get("spec"))
+    if isinstance(spec, SpecError):
+        return  # the reconcile loop reports it; the last valid template keeps its pods
+    plan = warmup.plan_for(spec, spec.model_name(service))
+
+    async def set_condition(passed: bool, reason: str, message: str) -> None:
+        patch = condition_patch(passed, reason, message, _now())
+        await kube.strategic_patch_status(PODS, namespace, name, patch)
+
+    if not plan.enabled:
+        await set_condition(True, warmup.REASON_GATE_DISABLED, "spec.warmup.requests is 0")
+        return
+    attempts = plan.retries + 1
+    verdict: warmup.Verdict | None = None
+    for attempt in range(1, attempts + 1):
+        await set_condition(
+            False,
+            warmup.REASON_WARMING,
+            f"attempt {attempt}/{attempts}: {plan.requests} requests at concurrency "
+            f"{plan.concurrency}, p99 bound {plan.p99_bound_ms:g} ms",
+        )
+        result = await run_attempt(
+            plan, pod["status"]["podIP"], constants.GRPC_PORT, constants.HTTP_PORT
+        )
+        verdict = warmup.judge(plan, result)
+        ATTEMPTS.labels(namespace, service, verdict.reason).inc()
+        if verdict.p99_ms is not None:
+            WARMUP_P99.labels(namespace, service).observe(verdict.p99_ms / 1000)
+        logger.info("pod %s/%s attempt %d: %s", namespace, name, attempt, verdict.message)
+        if verdict.passed:
+            break
+        if attempt < attempts:
+            await asyncio.sleep(warmup.backoff_seconds(attempt))
+    assert verdict is not None
+    await set_condition(verdict.passed, verdict.reason, verdict.message)
+    await publish_summary(kube, namespace, service)
+    if verdict.passed:
+        warmed = await kube.get(PODS, namespace, name)
+        if warmed is not None and (seconds := cold_start_seconds(warmed)) is not None:
+            COLD_START.labels(namespace, service).observe(seconds)
+    else:
+        kopf.warn(
+            cast(kopf.Body, pod),
+            reason=verdict.reason,
+            message=f"warm-up failed after {attempts} attempts: {verdict.message}",
+        )

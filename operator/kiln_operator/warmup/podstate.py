@@ -1,0 +1,145 @@
+"""Reading and writing the warm-up gate's state on pods. Pure: pods in, decisions and patches out.
+
+Why it exists: the gate is level-based — whether a pod still needs warming, what the pod
+condition must say, and what the InferenceService's status summarises about warm-up are all
+derived from the pods themselves, so an operator restart loses nothing and repeats nothing.
+"""
+
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+from kiln_operator import constants
+from kiln_operator.warmup.plan import REASON_WARMING, percentile
+
+Pod = dict[str, Any]
+
+
+def _condition(pod: Pod, kind: str) -> dict[str, Any] | None:
+    for condition in pod.get("status", {}).get("conditions") or []:
+        if condition.get("type") == kind:
+            return dict(condition)
+    return None
+
+
+def gate_condition(pod: Pod) -> dict[str, Any] | None:
+    """The pod's warmed-up condition, if it has one yet."""
+    return _condition(pod, constants.CONDITION_WARMED_UP)
+
+
+def is_gated(pod: Pod) -> bool:
+    """True when the pod's readiness waits for Kiln's warmed-up condition."""
+    gates = pod.get("spec", {}).get("readinessGates") or []
+    return any(g.get("conditionType") == constants.CONDITION_WARMED_UP for g in gates)
+
+
+def needs_warmup(pod: Pod) -> bool:
+    """A gated, running pod whose container is ready and whose gate is not yet decided.
+
+    A gate left at WarmingUp (an operator stopped mid-attempt) is taken up again; a final
+    verdict (True, or False with a failure reason) stays until the pod is replaced.
+    """
+    if not is_gated(pod) or pod["metadata"].get("deletionTimestamp"):
+        return False
+    status = pod.get("status", {})
+    if status.get("phase") != "Running" or not status.get("podIP"):
+        return False
+    containers_ready = _condition(pod, "ContainersReady")
+    if not containers_ready or containers_ready.get("status") != "True":
+        return False
+    gate = gate_condition(pod)
+    return gate is None or gate.get("reason") == REASON_WARMING
+
+
+def condition_patch(
+    passed: bool, reason: str, message: str, now: datetime.datetime
+) -> dict[str, Any]:
+    """A strategic-merge patch of pods/status setting the gate condition.
+
+    Strategic merge merges `conditions` by `type`, so the kubelet's conditions stay; a JSON merge
+    patch would replace the whole list.
+    """
+    return {
+        "status": {
+            "conditions": [
+                {
+                    "type": constants.CONDITION_WARMED_UP,
+                    "status": "True" if passed else "False",
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": now.astimezone(datetime.UTC).strftime(
+                        "%Y-%m-%dT%H:%M:%SZ"
+                    ),
+                }
+            ]
+        }
+    }
+
+
+def _timestamp(value: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def cold_start_seconds(pod: Pod) -> float | None:
+    """Pod creation to warmed-up, or None while the pod is not warmed up."""
+    gate = gate_condition(pod)
+    if gate is None or gate.get("status") != "True" or not gate.get("lastTransitionTime"):
+        return None
+    created = _timestamp(pod["metadata"]["creationTimestamp"])
+    return (_timestamp(gate["lastTransitionTime"]) - created).total_seconds()
+
+
+@dataclass(frozen=True)
+class WarmupSummary:
+    """What the InferenceService's status says about its pods' warm-up."""
+
+    warm_replicas: int
+    failed_replicas: int
+    failure_message: str | None
+    last_cold_start_seconds: float | None
+    cold_start_p50_seconds: float | None
+    cold_start_p90_seconds: float | None
+
+
+def summary_status(summary: WarmupSummary) -> dict[str, Any]:
+    """`status.warmup` of the InferenceService (camelCase; unknown values left out)."""
+    fields = {
+        "warmReplicas": summary.warm_replicas,
+        "failedReplicas": summary.failed_replicas,
+        "failureMessage": summary.failure_message,
+        "lastColdStartSeconds": summary.last_cold_start_seconds,
+        "coldStartP50Seconds": summary.cold_start_p50_seconds,
+        "coldStartP90Seconds": summary.cold_start_p90_seconds,
+    }
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def summarize(pods: list[Pod]) -> WarmupSummary:
+    """Warm and failed pods, and cold-start times of the warm ones (latest, p50, p90)."""
+    live = [p for p in pods if is_gated(p) and not p["metadata"].get("deletionTimestamp")]
+    warmed = [(p, s) for p in live if (s := cold_start_seconds(p)) is not None]
+    failed = [
+        gate
+        for p in live
+        if (gate := gate_condition(p)) is not None
+        and gate.get("status") == "False"
+        and gate.get("reason") != REASON_WARMING
+    ]
+    starts = sorted(seconds for _, seconds in warmed)
+    latest = max(warmed, key=lambda item: _warmed_at(item[0]), default=None)
+    return WarmupSummary(
+        warm_replicas=len(warmed),
+        failed_replicas=len(failed),
+        failure_message=f"{failed[0]['reason']}: {failed[0].get('message', '')}"
+        if failed
+        else None,
+        last_cold_start_seconds=latest[1] if latest else None,
+        cold_start_p50_seconds=percentile(starts, 50) if starts else None,
+        cold_start_p90_seconds=percentile(starts, 90) if starts else None,
+    )
+
+
+def _warmed_at(pod: Pod) -> datetime.datetime:
+    gate = gate_condition(pod)
+    assert gate is not None  # only called for warmed pods
+    return _timestamp(gate["lastTransitionTime"])

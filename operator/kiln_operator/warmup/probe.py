@@ -1,0 +1,140 @@
+"""Send a pod its warm-up requests with tritonclient and measure them.
+
+Why it exists: the gate must see what a client sees — the same protocol, the same library, the
+pod's own address — so the latencies it judges are real. gRPC is tried first (what production
+clients use); when the gRPC port does not answer, HTTP carries the attempt. Every wait is bounded
+by the attempt's timeout.
+"""
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import numpy as np
+import tritonclient.grpc.aio as triton_grpc
+import tritonclient.http.aio as triton_http
+from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+
+from kiln_operator.warmup.plan import WarmupPlan, WarmupResult
+
+READY_POLL_SECONDS = 0.25
+REQUEST_TIMEOUT_SECONDS = 30.0
+GRPC_GRACE_SECONDS = 3.0
+"""How long gRPC may stay silent after HTTP reports ready before HTTP carries the attempt."""
+
+
+class _Client(Protocol):
+    async def is_server_ready(self) -> bool: ...
+    async def close(self) -> None: ...
+
+
+def synthetic_inputs(plan: WarmupPlan, seed: int) -> list[np.ndarray[Any, Any]]:
+    """Tensors of the declared shapes and dtypes: normal noise for floats, small ints else."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for tensor in plan.inputs:
+        if tensor.datatype == "BF16":  # numpy has no bfloat16; the protocol sends it as float32
+            dtype: Any = np.float32
+        else:
+            dtype = triton_to_np_dtype(tensor.datatype)
+        if np.issubdtype(dtype, np.floating):
+            arrays.append(rng.standard_normal(tensor.shape).astype(dtype))
+        elif dtype is np.bool_:
+            arrays.append(rng.integers(0, 2, tensor.shape).astype(np.bool_))
+        else:
+            arrays.append(rng.integers(0, 16, tensor.shape).astype(dtype))
+    return arrays
+
+
+async def _wait_ready(client: _Client, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        try:
+            if await asyncio.wait_for(client.is_server_ready(), READY_POLL_SECONDS * 4):
+                return True
+        except (InferenceServerException, OSError, TimeoutError):
+            pass
+        await asyncio.sleep(READY_POLL_SECONDS)
+    return False
+
+
+async def _drive(
+    plan: WarmupPlan, send: Callable[[], Awaitable[None]], deadline: float
+) -> WarmupResult:
+    """Run ``plan.requests`` calls of ``send`` with ``plan.concurrency`` in flight."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    remaining = plan.requests
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0 and time.monotonic() < deadline:
+            remaining -= 1
+            started = time.perf_counter()
+            try:
+                await asyncio.wait_for(send(), max(0.001, deadline - time.monotonic()))
+            except (InferenceServerException, OSError, TimeoutError) as error:
+                errors.append(str(error) or type(error).__name__)
+            else:
+                latencies.append((time.perf_counter() - started) * 1000)
+
+    await asyncio.gather(*(worker() for _ in range(plan.concurrency)))
+    unsent = max(0, remaining)
+    if unsent:
+        errors.append(f"{unsent} requests not sent within {plan.attempt_timeout_s:.0f}s")
+    return WarmupResult(
+        latencies_ms=tuple(latencies),
+        errors=plan.requests - len(latencies),
+        first_error=errors[0] if errors else "",
+    )
+
+
+async def _grpc_send(
+    plan: WarmupPlan, client: triton_grpc.InferenceServerClient
+) -> Callable[[], Awaitable[None]]:
+    inputs = []
+    for tensor, array in zip(plan.inputs, synthetic_inputs(plan, seed=0), strict=True):
+        infer_input = triton_grpc.InferInput(tensor.name, list(tensor.shape), tensor.datatype)
+        infer_input.set_data_from_numpy(array)
+        inputs.append(infer_input)
+    outputs = [triton_grpc.InferRequestedOutput(name) for name in plan.outputs]
+
+    async def send() -> None:
+        await client.infer(
+            plan.model_name, inputs, outputs=outputs, client_timeout=REQUEST_TIMEOUT_SECONDS
+        )
+
+    return send
+
+
+async def _http_send(
+    plan: WarmupPlan, client: triton_http.InferenceServerClient
+) -> Callable[[], Awaitable[None]]:
+    inputs = []
+    for tensor, array in zip(plan.inputs, synthetic_inputs(plan, seed=0), strict=True):
+        infer_input = triton_http.InferInput(tensor.name, list(tensor.shape), tensor.datatype)
+        infer_input.set_data_from_numpy(array, binary_data=True)
+        inputs.append(infer_input)
+    outputs = [triton_http.InferRequestedOutput(n, binary_data=True) for n in plan.outputs]
+
+    async def send() -> None:
+        await client.infer(plan.model_name, inputs, outputs=outputs)
+
+    return send
+
+
+async def run_attempt(plan: WarmupPlan, host: str, grpc_port: int, http_port: int) -> WarmupResult:
+    """One warm-up attempt against ``host``: wait until the runtime is ready (model loaded,
+    internal warm-up done), then send the plan's requests over gRPC, or HTTP if gRPC is silent."""
+    deadline = time.monotonic() + plan.attempt_timeout_s
+    http = triton_http.InferenceServerClient(f"{host}:{http_port}", conn_limit=plan.concurrency)
+    grpc = triton_grpc.InferenceServerClient(f"{host}:{grpc_port}")
+    try:
+        if not await _wait_ready(http, deadline):
+            return WarmupResult(latencies_ms=(), runtime_ready=False)
+        if await _wait_ready(grpc, min(deadline, time.monotonic() + GRPC_GRACE_SECONDS)):
+            return await _drive(plan, await _grpc_send(plan, grpc), deadline)
+        return await _drive(plan, await _http_send(plan, http), deadline)
+    finally:
+        await grpc.close()
+        await http.close()

@@ -1,0 +1,173 @@
+"""The SLO autoscaler end to end: real Prometheus scraping real runtimes at the pod IPs.
+
+Load drives p99 over the SLO, so the service scales up; when the load stops it scales back down,
+but only after the hold window; with Prometheus gone it never scales down; a pre-warm window a
+few minutes ahead raises the replicas before it opens.
+"""
+
+import asyncio
+import datetime
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from kiln_localcluster import podnet
+from kiln_localcluster.load import ready_endpoints, run_load
+from kiln_localcluster.processes import stop
+from kiln_localcluster.prometheus import LocalPrometheus
+from kiln_localcluster.waiting import wait_for
+from tests.integration.conftest import Cluster
+from tests.integration.operator.conftest import apply, condition, mlp_service
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(podnet.available() is not None, reason=str(podnet.available())),
+]
+
+HOLD_SECONDS = 20
+
+
+def scaled_service(name: str, prometheus: LocalPrometheus, **autoscaling: Any) -> dict[str, Any]:
+    service = mlp_service(name)
+    # An SLO a loaded CPU cannot meet: load makes the service unhealthy, idleness healthy.
+    service["spec"]["slo"] = {"p99LatencyMilliseconds": 2}
+    service["spec"]["autoscaling"] = {
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "prometheusUrl": prometheus.url,
+        "evaluationIntervalSeconds": 5,
+        "metricsWindowSeconds": 15,
+        "staleAfterSeconds": 15,
+        "scaleUp": {"stabilizationSeconds": 0},
+        "scaleDown": {"stabilizationSeconds": HOLD_SECONDS, "periodSeconds": 0},
+        **autoscaling,
+    }
+    return service
+
+
+def replicas(cluster: Cluster, namespace: str, name: str) -> int:
+    return int(cluster.get_json("deployment", name, "-n", namespace)["spec"]["replicas"])
+
+
+def autoscaling_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    body = cluster.get_json("inferenceservice", name, "-n", namespace)
+    status: dict[str, Any] = (body.get("status") or {}).get("autoscaling") or {}
+    return status
+
+
+@contextmanager
+def load(cluster: Cluster, namespace: str, service: str) -> Iterator[None]:
+    """Bounded background load (at most 120 s / 200k requests) until the block ends."""
+    stopping = threading.Event()
+
+    def endpoints() -> list[str]:
+        return ready_endpoints(cluster.info, namespace, service)
+
+    thread = threading.Thread(target=lambda: asyncio.run(run_load(
+        endpoints, service, seconds=120, max_requests=200_000, concurrency=16, stop=stopping,
+    )))  # fmt: skip
+    thread.start()
+    try:
+        yield
+    finally:
+        stopping.set()
+        thread.join(timeout=30)
+
+
+def started_service(
+    cluster: Cluster, namespace: str, name: str, prometheus: LocalPrometheus, **autoscaling: Any
+) -> None:
+    apply(cluster, namespace, scaled_service(name, prometheus, **autoscaling))
+    wait_for(
+        lambda: ready_endpoints(cluster.info, namespace, name), timeout=120,
+        description=f"{name} serving",
+    )  # fmt: skip
+
+
+def test_scales_up_under_load_and_down_after_the_hold(
+    cluster: Cluster, namespace: str, models_claim: str, operator: Any, start_prometheus: Any
+) -> None:
+    prometheus = start_prometheus()
+    started_service(cluster, namespace, "busy", prometheus)
+    with load(cluster, namespace, "busy"):
+        wait_for(
+            lambda: replicas(cluster, namespace, "busy") > 1,
+            timeout=90,
+            description="a scale-up under load",
+        )
+        status = autoscaling_status(cluster, namespace, "busy")
+        assert status["metricsAvailable"] is True
+        assert status["observed"]["p99LatencyMilliseconds"] > 2
+        event = wait_for(
+            lambda: cluster.get_json(
+                "events", "-n", namespace, "--field-selector",
+                "involvedObject.name=busy,reason=ScaledUp",
+            )["items"],
+            timeout=30, description="a ScaledUp event",
+        )[0]  # fmt: skip
+        assert "->" in event["message"]
+    load_stopped = time.monotonic()
+    wait_for(
+        lambda: replicas(cluster, namespace, "busy") == 1,
+        timeout=150,
+        description="the scale-down once the load stopped",
+    )
+    assert time.monotonic() - load_stopped >= HOLD_SECONDS
+
+
+def test_prometheus_down_never_scales_down(
+    cluster: Cluster, namespace: str, models_claim: str, operator: Any, start_prometheus: Any
+) -> None:
+    prometheus = start_prometheus()
+    started_service(cluster, namespace, "blind", prometheus, whenMetricsMissing={"policy": "Hold"})
+    with load(cluster, namespace, "blind"):
+        wait_for(
+            lambda: replicas(cluster, namespace, "blind") > 1,
+            timeout=90,
+            description="a scale-up under load",
+        )
+        stop(prometheus.process)
+    scaled_to = replicas(cluster, namespace, "blind")
+    wait_for(
+        lambda: autoscaling_status(cluster, namespace, "blind").get("metricsAvailable") is False,
+        timeout=30,
+        description="the status saying metrics are unavailable",
+    )
+    # Well past the hold window with no load: a sighted autoscaler would have scaled down.
+    observed_until = time.monotonic() + HOLD_SECONDS + 15
+    while time.monotonic() < observed_until:
+        assert replicas(cluster, namespace, "blind") == scaled_to
+        time.sleep(1)
+    assert "Prometheus" in autoscaling_status(cluster, namespace, "blind")["message"]
+    body = cluster.get_json("inferenceservice", "blind", "-n", namespace)
+    metrics = condition(body, "MetricsAvailable")
+    assert metrics is not None and metrics["status"] == "False"
+    assert metrics["reason"] == "MetricsUnavailable" and "Prometheus" in metrics["message"]
+
+
+def test_prewarm_window_raises_replicas_before_it_opens(
+    cluster: Cluster, namespace: str, models_claim: str, operator: Any, start_prometheus: Any
+) -> None:
+    prometheus = start_prometheus()
+    opens = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=4)).replace(
+        second=0, microsecond=0
+    )
+    service = scaled_service("peak", prometheus)
+    service["spec"]["prewarm"] = {"schedules": [{
+        "name": "soon", "cron": f"{opens.minute} {opens.hour} * * *", "timeZone": "UTC",
+        "durationMinutes": 10, "minReplicas": 3, "leadTimeSeconds": 600,
+    }]}  # fmt: skip
+    apply(cluster, namespace, service)
+
+    def raised() -> dict[str, Any] | None:
+        window = autoscaling_status(cluster, namespace, "peak").get("activeWindow")
+        return window if window and replicas(cluster, namespace, "peak") == 3 else None
+
+    window = wait_for(raised, timeout=90, description="the pre-warm floor applied")
+    assert datetime.datetime.now(datetime.UTC) < opens  # raised before the window opens
+    assert window["name"] == "soon"
+    assert datetime.datetime.fromisoformat(window["opensAt"]) == opens

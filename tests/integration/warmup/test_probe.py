@@ -1,0 +1,83 @@
+"""The warm-up probe against a real kiln_runtime process: tritonclient over gRPC, else HTTP."""
+
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+
+from kiln_operator.warmup import plan as warmup
+from kiln_operator.warmup.probe import run_attempt
+from kiln_runtime.examples import write_example
+from tests.integration.runtime.runtime_process import HOST, Runtime, free_port, running
+
+pytestmark = pytest.mark.integration
+
+PLAN = warmup.WarmupPlan(
+    model_name="mlp",
+    inputs=(warmup.TensorPlan("INPUT__0", "FP32", (1, 512)),),
+    outputs=("OUTPUT__0",),
+    requests=64,
+    concurrency=8,
+    p99_bound_ms=5_000.0,
+    attempt_timeout_s=30.0,
+    retries=0,
+)
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
+    model = tmp_path_factory.mktemp("mlp")
+    write_example("mlp", model)
+    with running(model, tmp_path_factory.mktemp("logs")) as server:
+        yield server
+
+
+def served(runtime: Runtime, protocol: str) -> float:
+    """Successful requests the runtime counted for ``protocol``."""
+    for line in runtime.metrics().splitlines():
+        if (
+            line.startswith("kiln_requests_total")
+            and f'protocol="{protocol}"' in line
+            and 'code="ok"' in line
+        ):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def test_warm_runtime_passes_over_grpc(runtime: Runtime) -> None:
+    before = served(runtime, "grpc")
+    result = await run_attempt(PLAN, HOST, runtime.grpc_port, runtime.http_port)
+    verdict = warmup.judge(PLAN, result)
+    assert verdict.passed, verdict.message
+    assert len(result.latencies_ms) == PLAN.requests
+    assert served(runtime, "grpc") - before == PLAN.requests
+
+
+async def test_http_carries_the_attempt_when_grpc_is_silent(runtime: Runtime) -> None:
+    before = served(runtime, "http")
+    result = await run_attempt(PLAN, HOST, free_port(), runtime.http_port)
+    assert warmup.judge(PLAN, result).passed
+    assert served(runtime, "http") - before == PLAN.requests
+
+
+async def test_an_impossible_bound_fails_with_the_measured_p99(runtime: Runtime) -> None:
+    strict = dataclasses.replace(PLAN, p99_bound_ms=0.001)
+    verdict = warmup.judge(
+        strict, await run_attempt(strict, HOST, runtime.grpc_port, runtime.http_port)
+    )
+    assert verdict.reason == warmup.REASON_P99_OVER_BOUND
+    assert verdict.p99_ms is not None and verdict.p99_ms > 0.001
+
+
+async def test_wrong_tensor_shape_counts_as_request_errors(runtime: Runtime) -> None:
+    wrong = dataclasses.replace(PLAN, inputs=(warmup.TensorPlan("INPUT__0", "FP32", (1, 7)),))
+    result = await run_attempt(wrong, HOST, runtime.grpc_port, runtime.http_port)
+    verdict = warmup.judge(wrong, result)
+    assert verdict.reason == warmup.REASON_REQUEST_ERRORS
+    assert result.errors == PLAN.requests
+
+
+async def test_no_runtime_times_out_as_not_ready() -> None:
+    quick = dataclasses.replace(PLAN, attempt_timeout_s=1.0)
+    result = await run_attempt(quick, HOST, free_port(), free_port())
+    assert warmup.judge(quick, result).reason == warmup.REASON_RUNTIME_NOT_READY
