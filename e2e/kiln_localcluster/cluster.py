@@ -132,8 +132,11 @@ class LocalCluster:
     def down(self) -> None:
         """Stop exactly the processes this cluster started (by PID) and forget its state."""
         table_path = self.dir / "processes.json"
+        ran_pods = False
         if table_path.exists():
-            ProcessTable(table_path).stop_all()
+            table = ProcessTable(table_path)
+            ran_pods = any(p.name == "pod-runner" for p in table.processes)
+            table.stop_all()
         # Pods whose runner was killed before it could stop them: their processes and namespaces.
         pods_path = self.dir / "pods.json"
         if pods_path.exists():
@@ -141,7 +144,7 @@ class LocalCluster:
             for process in leftovers.processes:
                 podnet.detach(process.name.split(":")[1])
             leftovers.stop_all()
-        if podnet.available() is None:
+        if ran_pods:  # the bridge is machine-wide: only the cluster that made it removes it
             podnet.remove_bridge(self.network)
         if self.dir.exists():
             shutil.rmtree(self.dir)

@@ -223,7 +223,12 @@ class PodRunner:
             _log(f"pod {where}: volumes not resolvable yet ({error})")
             return
         container = pod["spec"]["containers"][0]
-        netns = podnet.attach(self.net, uid, pod["status"]["podIP"])
+        try:
+            netns = podnet.attach(self.net, uid, pod["status"]["podIP"])
+        except (RuntimeError, ValueError) as error:  # e.g. the bridge is gone: next pass retries
+            podnet.detach(uid)
+            _log(f"pod {where}: network not attachable ({error})")
+            return
         argv = ["ip", "netns", "exec", netns, *local_argv(container, mounts)]
         process = spawn(
             f"pod:{uid}:{where}",

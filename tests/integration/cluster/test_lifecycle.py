@@ -1,10 +1,12 @@
 """Starting the local cluster is idempotent, and a failed start leaves no process behind."""
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from kiln_localcluster import podnet
 from kiln_localcluster.cluster import LocalCluster
 from kiln_localcluster.processes import ProcessTable, is_running
 from tests.integration.conftest import REPO, Cluster
@@ -41,6 +43,10 @@ def test_a_crashed_start_stops_what_it_started(
     assert recorded == []  # stop_all ran and saved an empty table
     assert (tmp_path / "state" / "cluster" / "logs" / "etcd.log").exists()  # etcd did start
     assert _pids_of(str(bins / "etcd")) == []  # and is gone
+    if podnet.available() is None:  # the running cluster's pod network was left alone
+        shown = subprocess.run(["ip", "link", "show", podnet.BRIDGE], capture_output=True,
+                               check=False)  # fmt: skip
+        assert shown.returncode == 0
 
 
 def _pids_of(executable: str) -> list[int]:
