@@ -9,6 +9,7 @@ by the attempt's timeout.
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from types import ModuleType
 from typing import Any, Protocol
 
 import numpy as np
@@ -19,7 +20,6 @@ from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 from kiln_operator.warmup.plan import WarmupPlan, WarmupResult
 
 READY_POLL_SECONDS = 0.25
-REQUEST_TIMEOUT_SECONDS = 30.0
 GRPC_GRACE_SECONDS = 3.0
 """How long gRPC may stay silent after HTTP reports ready before HTTP carries the attempt."""
 
@@ -89,38 +89,17 @@ async def _drive(
     )
 
 
-async def _grpc_send(
-    plan: WarmupPlan, client: triton_grpc.InferenceServerClient
-) -> Callable[[], Awaitable[None]]:
+def _request(plan: WarmupPlan, protocol: ModuleType) -> tuple[list[Any], list[Any]]:
+    """The inputs and requested outputs in ``protocol``'s classes: tritonclient.grpc and
+    tritonclient.http share one API; HTTP sends tensors in Triton's binary extension."""
+    binary = {"binary_data": True} if protocol is triton_http else {}
     inputs = []
     for tensor, array in zip(plan.inputs, synthetic_inputs(plan, seed=0), strict=True):
-        infer_input = triton_grpc.InferInput(tensor.name, list(tensor.shape), tensor.datatype)
-        infer_input.set_data_from_numpy(array)
+        infer_input = protocol.InferInput(tensor.name, list(tensor.shape), tensor.datatype)
+        infer_input.set_data_from_numpy(array, **binary)
         inputs.append(infer_input)
-    outputs = [triton_grpc.InferRequestedOutput(name) for name in plan.outputs]
-
-    async def send() -> None:
-        await client.infer(
-            plan.model_name, inputs, outputs=outputs, client_timeout=REQUEST_TIMEOUT_SECONDS
-        )
-
-    return send
-
-
-async def _http_send(
-    plan: WarmupPlan, client: triton_http.InferenceServerClient
-) -> Callable[[], Awaitable[None]]:
-    inputs = []
-    for tensor, array in zip(plan.inputs, synthetic_inputs(plan, seed=0), strict=True):
-        infer_input = triton_http.InferInput(tensor.name, list(tensor.shape), tensor.datatype)
-        infer_input.set_data_from_numpy(array, binary_data=True)
-        inputs.append(infer_input)
-    outputs = [triton_http.InferRequestedOutput(n, binary_data=True) for n in plan.outputs]
-
-    async def send() -> None:
-        await client.infer(plan.model_name, inputs, outputs=outputs)
-
-    return send
+    outputs = [protocol.InferRequestedOutput(name, **binary) for name in plan.outputs]
+    return inputs, outputs
 
 
 async def run_attempt(plan: WarmupPlan, host: str, grpc_port: int, http_port: int) -> WarmupResult:
@@ -132,9 +111,14 @@ async def run_attempt(plan: WarmupPlan, host: str, grpc_port: int, http_port: in
     try:
         if not await _wait_ready(http, deadline):
             return WarmupResult(latencies_ms=(), runtime_ready=False)
-        if await _wait_ready(grpc, min(deadline, time.monotonic() + GRPC_GRACE_SECONDS)):
-            return await _drive(plan, await _grpc_send(plan, grpc), deadline)
-        return await _drive(plan, await _http_send(plan, http), deadline)
+        use_grpc = await _wait_ready(grpc, min(deadline, time.monotonic() + GRPC_GRACE_SECONDS))
+        client, protocol = (grpc, triton_grpc) if use_grpc else (http, triton_http)
+        inputs, outputs = _request(plan, protocol)
+
+        async def send() -> None:
+            await client.infer(plan.model_name, inputs, outputs=outputs)
+
+        return await _drive(plan, send, deadline)
     finally:
         await grpc.close()
         await http.close()

@@ -46,6 +46,16 @@ def pods(cluster: Cluster, namespace: str, selector: str) -> list[dict[str, Any]
     return items
 
 
+def set_gate(cluster: Cluster, namespace: str, pod: str, status: str) -> None:
+    """Set the gate condition as a controller would: a strategic-merge patch of pods/status,
+    which merges conditions by type, so the kubelet's (kwok's) conditions stay."""
+    patch = {"status": {"conditions": [{"type": GATE, "status": status}]}}
+    cluster.kubectl(
+        "patch", "pod", pod, "-n", namespace, "--subresource=status", "--type=strategic",
+        "-p", json.dumps(patch),
+    )  # fmt: skip
+
+
 def condition(pod: dict[str, Any], kind: str) -> str | None:
     for c in pod.get("status", {}).get("conditions", []):
         if c["type"] == kind:
@@ -132,18 +142,7 @@ def test_readiness_gate_holds_pod_unready_until_its_condition_is_true(
     assert condition(pod, "ContainersReady") == "True"
     assert condition(pod, "Ready") == "False"
 
-    # A strategic-merge patch merges conditions by type: the kubelet's (kwok's) stay.
-    cluster.kubectl(
-        "patch",
-        "pod",
-        "gated",
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=strategic",
-        "-p",
-        json.dumps({"status": {"conditions": [{"type": GATE, "status": "True"}]}}),
-    )
+    set_gate(cluster, namespace, "gated", "True")
     ready = wait_for(
         lambda: (
             (p := cluster.get_json("pod", "gated", "-n", namespace))
@@ -156,17 +155,7 @@ def test_readiness_gate_holds_pod_unready_until_its_condition_is_true(
     assert condition(ready, "ContainersReady") == "True"
     assert condition(ready, GATE) == "True"
 
-    cluster.kubectl(
-        "patch",
-        "pod",
-        "gated",
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=strategic",
-        "-p",
-        json.dumps({"status": {"conditions": [{"type": GATE, "status": "False"}]}}),
-    )
+    set_gate(cluster, namespace, "gated", "False")
     wait_for(
         lambda: condition(cluster.get_json("pod", "gated", "-n", namespace), "Ready") == "False",
         timeout=30,
