@@ -491,6 +491,8 @@ def _window_note(window: Window | None) -> str:
 
 
 def _finite_or_none(value: float | None) -> float | None:
+    """The value for status: None unless finite, rounded to two decimal places so the
+    status (and `kubectl get`) is readable and does not change with measurement noise."""
     if value is None or not math.isfinite(value):
         return None
-    return value
+    return round(value, 2)
