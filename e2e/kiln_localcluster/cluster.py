@@ -11,13 +11,11 @@ import dataclasses
 import datetime
 import json
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +25,8 @@ import yaml
 from kiln_localcluster import pki, podnet, prometheus
 from kiln_localcluster.nodes import build_gpu_node
 from kiln_localcluster.podrunner import ApiReader, targets_file
-from kiln_localcluster.processes import ProcessTable, Started, is_running, spawn
-from kiln_localcluster.waiting import wait_for
+from kiln_localcluster.processes import ProcessTable, free_ports, is_running, spawn, wait_started
+from kiln_localcluster.waiting import http_ok, wait_for
 
 _PACKAGE = Path(__file__).resolve().parent
 BINARIES_SCRIPT = _PACKAGE.parent / "cluster" / "binaries.sh"
@@ -158,7 +156,7 @@ class LocalCluster:
             [pki.ADMIN, pki.CONTROLLER_MANAGER, pki.SCHEDULER, pki.KWOK],
             datetime.datetime.now(datetime.UTC),
         )
-        etcd_port, peer_port, api_port = _free_ports(3)
+        etcd_port, peer_port, api_port = free_ports(3)
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         server = f"https://127.0.0.1:{api_port}"
         kubeconfigs = {
@@ -193,7 +191,7 @@ class LocalCluster:
             logs / "etcd.log",
         )
         table.add(etcd)
-        _await_start(etcd, lambda: _http_ok(f"{etcd_url}/health"), timeout=30)
+        wait_started(etcd, lambda: http_ok(f"{etcd_url}/health"), timeout=30)
 
         _say("starting kube-apiserver")
         apiserver = spawn(
@@ -229,7 +227,7 @@ class LocalCluster:
             logs / "kube-apiserver.log",
         )
         table.add(apiserver)
-        _await_start(apiserver, lambda: self._api_ready(server), timeout=60)
+        wait_started(apiserver, lambda: self._api_ready(server), timeout=60)
 
         _say("starting kube-controller-manager, kube-scheduler and kwok")
         table.add(
@@ -412,38 +410,6 @@ def resolve_binaries() -> Path:
         check=True,
     )
     return Path(result.stdout.strip().splitlines()[-1])
-
-
-def _await_start(process: Started, ready: Callable[[], bool], *, timeout: float) -> None:
-    """Wait until ``ready()``; fail at once, naming the log, if the process exits first."""
-
-    def check() -> str | None:
-        if not is_running(process):
-            return "exited"
-        return "ready" if ready() else None
-
-    outcome = wait_for(check, timeout=timeout, interval=0.2, description=f"{process.name} ready")
-    if outcome == "exited":
-        raise RuntimeError(f"{process.name} exited during start; see {process.log}")
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 def _b64(path: Path) -> str:

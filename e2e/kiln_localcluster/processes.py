@@ -10,10 +10,14 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from kiln_localcluster.waiting import wait_for
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,31 @@ def spawn(name: str, argv: list[str], log: Path, env: dict[str, str] | None = No
     if ticks is None:
         raise RuntimeError(f"{name} exited at once; see {log}")
     return Started(name=name, pid=child.pid, start_ticks=ticks, log=str(log))
+
+
+def wait_started(process: Started, ready: Callable[[], bool], *, timeout: float) -> None:
+    """Wait until ``ready()``; fail at once, naming the log, if the process exits first."""
+
+    def check() -> str | None:
+        if not is_running(process):
+            return "exited"
+        return "ready" if ready() else None
+
+    outcome = wait_for(check, timeout=timeout, interval=0.2, description=f"{process.name} ready")
+    if outcome == "exited":
+        raise RuntimeError(f"{process.name} exited during start; see {process.log}")
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free on loopback now, for processes about to be started."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def stop(process: Started, grace: float = 10.0) -> None:

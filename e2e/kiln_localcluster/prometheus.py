@@ -9,7 +9,6 @@ pod discovery plus the relabelling in docs/autoscaling.md would give (`namespace
 
 import json
 import shutil
-import socket
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -18,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from kiln_localcluster.processes import Started, is_running, spawn
-from kiln_localcluster.waiting import wait_for
+from kiln_localcluster.processes import Started, free_ports, spawn, wait_started
+from kiln_localcluster.waiting import http_ok
 
 
 def scrape_config(targets_file: Path, interval_seconds: float) -> dict[str, Any]:
@@ -61,9 +60,7 @@ def start_prometheus(
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "prometheus.yml"
     config.write_text(yaml.safe_dump(scrape_config(targets_file, interval_seconds)))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}"
     process = spawn("prometheus", [
         "prometheus", f"--config.file={config}", f"--storage.tsdb.path={directory / 'data'}",
@@ -71,15 +68,5 @@ def start_prometheus(
         "--log.level=warn",
     ], directory / "prometheus.log")  # fmt: skip
 
-    def ready() -> str | None:
-        if not is_running(process):
-            return "exited"
-        try:
-            with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as response:
-                return "ready" if response.status == 200 else None
-        except OSError:
-            return None
-
-    if wait_for(ready, timeout=30, description="prometheus ready") == "exited":
-        raise RuntimeError(f"prometheus exited during start; see {process.log}")
+    wait_started(process, lambda: http_ok(f"{url}/-/ready"), timeout=30)
     return LocalPrometheus(process=process, url=url)

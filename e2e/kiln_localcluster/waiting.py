@@ -5,6 +5,7 @@ deadline and then fails naming what it waited for does neither.
 """
 
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -38,3 +39,12 @@ def wait_for(
                 last_error
             )
         time.sleep(interval)
+
+
+def http_ok(url: str) -> bool:
+    """True when ``url`` answers 200 within a second: a health probe for ``wait_for``."""
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False

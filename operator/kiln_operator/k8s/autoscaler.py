@@ -84,10 +84,11 @@ class Autoscaler:
         ready = int((deployment.get("status") or {}).get("readyReplicas") or 0)
         pods = await self.kube.list(PODS, namespace, f"{constants.LABEL_INFERENCESERVICE}={name}")
 
+        url = spec.autoscaling.prometheus_url or self.default_prometheus_url
+        reader = PrometheusReader(url) if url else None
         observation = await self._observe(
-            spec.autoscaling.prometheus_url, namespace, name, ready,
-            spec.autoscaling.metrics_window_seconds,
-        )  # fmt: skip
+            reader, namespace, name, ready, spec.autoscaling.metrics_window_seconds
+        )
         cold_start = summarize(pods).cold_start_p90_seconds
         observation = dataclasses.replace(observation, cold_start_seconds=cold_start)
 
@@ -122,7 +123,7 @@ class Autoscaler:
                 {"metadata": {"annotations": {STATE_ANNOTATION: stored}}},
             )
         if decision.desired_replicas < current:
-            await self._mark_idlest(namespace, name, pods, spec.autoscaling.prometheus_url)
+            await self._mark_idlest(namespace, name, pods, reader)
         if decision.desired_replicas != current:
             await self.kube.merge_patch(
                 DEPLOYMENTS,
@@ -138,14 +139,9 @@ class Autoscaler:
             state_problem=state_problem,
         )
 
-    def _reader(self, override: str | None) -> PrometheusReader | None:
-        url = override or self.default_prometheus_url
-        return PrometheusReader(url) if url else None
-
     async def _observe(
-        self, override: str | None, namespace: str, name: str, ready: int, window: int
+        self, reader: PrometheusReader | None, namespace: str, name: str, ready: int, window: int
     ) -> Observation:
-        reader = self._reader(override)
         if reader is None:
             return Observation(
                 ready_replicas=ready,
@@ -155,10 +151,9 @@ class Autoscaler:
         return await asyncio.to_thread(reader.observe, namespace, name, window, ready)
 
     async def _mark_idlest(
-        self, namespace: str, name: str, pods: list[dict[str, Any]], override: str | None
+        self, namespace: str, name: str, pods: list[dict[str, Any]], reader: PrometheusReader | None
     ) -> None:
         """Annotate pods so the ReplicaSet removes the idlest first (fewest in flight)."""
-        reader = self._reader(override)
         inflight = (
             await asyncio.to_thread(reader.inflight_by_pod, namespace, name) if reader else {}
         )
