@@ -1,13 +1,20 @@
 """The v1alpha1 models: samples parse, defaults are the documented ones, bad specs are refused
-with a message that names the field."""
+with a message that names the field, and the optimisations refused are the runtime's."""
 
+import itertools
 from pathlib import Path
+from typing import Any, get_args
 
 import pytest
 import yaml
 
 from kiln_operator.api.v1alpha1 import InferenceService, InferenceServiceSpec
+from kiln_operator.api.v1alpha1.model import ModelFormat
+from kiln_operator.api.v1alpha1.runtime import OptimizationSpec
 from kiln_operator.api.validation import SpecError, parse_spec
+from kiln_operator.builders import build_runtime_config
+from kiln_runtime.config import FORMATS, MODES, PRECISIONS, ConfigError, parse_config
+from kiln_runtime.execution_plan import plan_execution
 from tests.unit.operator.conftest import INVALID_SPECS, SAMPLES, load_sample, sample_spec
 
 
@@ -25,8 +32,11 @@ def expectation(path: Path) -> str:
 
 @pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_sample_is_a_valid_inference_service(path: Path) -> None:
-    parsed = InferenceService.model_validate(yaml.safe_load(path.read_text()))
+    manifest = yaml.safe_load(path.read_text())
+    parsed = InferenceService.model_validate(manifest)
     assert parsed.kind == "InferenceService"
+    result = parse_spec(manifest["metadata"]["name"], manifest["spec"])
+    assert isinstance(result, InferenceServiceSpec), result
 
 
 def test_minimal_sample_gets_the_documented_defaults() -> None:
@@ -51,7 +61,7 @@ def test_model_name_defaults_to_the_service_name() -> None:
 def test_pvc_uri_is_mounted_and_image_paths_are_used_as_they_are() -> None:
     full = sample_spec("full").model
     assert full.pvc_claim == "model-store"
-    assert full.path_in_container("/models") == "/models/model-store/resnet50/model.onnx"
+    assert full.path_in_container("/models") == "/models/model-store/resnet50/model.pt2"
     minimal = sample_spec("minimal").model
     assert minimal.pvc_claim is None
     assert minimal.path_in_container("/models") == "/opt/models/mlp.pt"
@@ -71,6 +81,149 @@ def test_every_bad_manifest_is_refused_naming_its_field(path: Path) -> None:
     result = parse_spec(manifest["metadata"]["name"], manifest["spec"])
     assert isinstance(result, SpecError)
     assert expectation(path) in result.message
+
+
+def with_optimization(
+    model_format: str, gpu_count: int, **optimization: str | bool
+) -> dict[str, Any]:
+    """The minimal sample's spec with another model format, GPU count and optimization."""
+    spec: dict[str, Any] = load_sample("minimal")["spec"]
+    spec["model"]["format"] = model_format
+    spec["resources"] = {"gpuCount": gpu_count}
+    spec["runtime"]["optimization"] = optimization
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "remedy"),
+    [
+        (
+            with_optimization("onnx", 1, mode="compile"),
+            "runtime.optimization.mode 'compile' is not available for model.format 'onnx'",
+            "use 'eager'",
+        ),
+        (
+            with_optimization("onnx", 1, precision="fp16"),
+            "runtime.optimization.precision 'fp16' is not available for model.format 'onnx'",
+            "use 'fp32'",
+        ),
+        (
+            with_optimization("onnx", 1, cudaGraphs=True),
+            "runtime.optimization.cudaGraphs is not available for model.format 'onnx'",
+            "set it to false",
+        ),
+        (
+            with_optimization("torchscript", 1, mode="compile"),
+            "runtime.optimization.mode 'compile' needs model.format 'torch_export'",
+            "use mode 'script' or 'eager'",
+        ),
+        (
+            with_optimization("torch_export", 1, mode="script"),
+            "runtime.optimization.mode 'script' needs model.format 'torchscript'",
+            "use mode 'compile' or 'eager'",
+        ),
+        (
+            with_optimization("torchscript", 1, precision="int8"),
+            "runtime.optimization.precision 'int8' (dynamic quantization) is CPU only",
+            "set resources.gpuCount to 0",
+        ),
+        (
+            with_optimization("torch_export", 0, precision="int8"),
+            "runtime.optimization.precision 'int8' (dynamic quantization) needs model.format "
+            "'torchscript'",
+            "use precision 'fp32', 'fp16' or 'bf16'",
+        ),
+    ],
+    ids=[
+        "onnx-not-eager",
+        "onnx-not-fp32",
+        "onnx-cuda-graphs",
+        "compile-needs-torch-export",
+        "script-needs-torchscript",
+        "int8-on-a-gpu",
+        "int8-needs-torchscript",
+    ],
+)
+def test_optimizations_the_runtime_refuses_are_refused_naming_the_field(
+    spec: dict[str, Any], field: str, remedy: str
+) -> None:
+    result = parse_spec("mlp", spec)
+    assert isinstance(result, SpecError)
+    assert result.problems[0].startswith(f"spec: {field}"), result.message
+    assert remedy in result.message
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        with_optimization("torchscript", 1, mode="script", precision="fp16", cudaGraphs=True),
+        with_optimization("torchscript", 0, mode="script", precision="int8"),
+        with_optimization("torch_export", 1, mode="compile", precision="bf16", cudaGraphs=True),
+        with_optimization("torch_export", 0, mode="eager", precision="fp16"),
+        with_optimization("onnx", 1, mode="eager", precision="fp32"),
+        with_optimization("onnx", 0),
+    ],
+    ids=[
+        "torchscript-script-fp16-cuda-graphs",
+        "torchscript-script-int8-cpu",
+        "torch-export-compile-bf16-cuda-graphs",
+        "torch-export-eager-fp16-cpu",
+        "onnx-eager-fp32",
+        "onnx-defaults-cpu",
+    ],
+)
+def test_optimizations_the_runtime_runs_are_accepted(spec: dict[str, Any]) -> None:
+    assert isinstance(parse_spec("mlp", spec), InferenceServiceSpec)
+
+
+def test_every_unsupported_optimization_is_reported_at_once() -> None:
+    spec = with_optimization("onnx", 1, mode="compile", precision="fp16", cudaGraphs=True)
+    result = parse_spec("mlp", spec)
+    assert isinstance(result, SpecError)
+    for field in ("mode", "precision", "cudaGraphs"):
+        assert f"runtime.optimization.{field} " in result.message
+
+
+def runtime_starts(spec: dict[str, Any]) -> bool:
+    """Whether the runtime's start-up check passes for this spec's model format and optimization,
+    on the device the operator asks for (CUDA when gpuCount > 0) with a GPU visible as asked."""
+    gpu = spec["resources"]["gpuCount"] > 0
+    config = parse_config(
+        {
+            "model": {key: spec["model"][key] for key in ("format", "inputs", "outputs")},
+            "optimization": {**spec["runtime"]["optimization"], "device": "cuda" if gpu else "cpu"},
+        },
+        model_name="mlp",
+    )
+    try:
+        plan_execution(config, cuda_available=gpu)
+    except ConfigError:
+        return False
+    return True
+
+
+def test_the_api_refuses_exactly_the_optimizations_the_runtime_refuses() -> None:
+    """Every combination of format, mode, precision, CUDA graphs and GPU: an accepted spec, as the
+    operator renders it, starts; a refused one would crash-loop, except CUDA graphs without a
+    GPU, which the runtime switches off but the API refuses as a mistake."""
+    assert get_args(ModelFormat) == FORMATS
+    assert get_args(OptimizationSpec.model_fields["mode"].annotation) == MODES
+    assert get_args(OptimizationSpec.model_fields["precision"].annotation) == PRECISIONS
+    disagreements = []
+    for fmt, mode, precision, graphs, gpus in itertools.product(
+        FORMATS, MODES, PRECISIONS, (False, True), (0, 1)
+    ):
+        spec = with_optimization(fmt, gpus, mode=mode, precision=precision, cudaGraphs=graphs)
+        result = parse_spec("mlp", spec)
+        if isinstance(result, InferenceServiceSpec):
+            rendered = build_runtime_config(result, "mlp")
+            try:
+                plan_execution(parse_config(rendered), cuda_available=gpus > 0)
+            except ConfigError as error:
+                disagreements.append(f"accepted, runtime refuses: {spec} ({error})")
+        elif runtime_starts(spec) and not (graphs and gpus == 0):
+            disagreements.append(f"refused, runtime starts: {spec} ({result.message})")
+    assert disagreements == []
 
 
 def test_several_problems_are_all_reported() -> None:

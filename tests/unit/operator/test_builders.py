@@ -155,7 +155,7 @@ def test_pvc_models_are_mounted_read_only() -> None:
         "readOnly": True,
     }
     args = runtime_container(manifest)["args"]
-    assert args[args.index("--model-path") + 1] == "/models/model-store/resnet50/model.onnx"
+    assert args[args.index("--model-path") + 1] == "/models/model-store/resnet50/model.pt2"
 
 
 def test_runtime_config_env_follows_the_contract() -> None:
@@ -166,7 +166,7 @@ def test_runtime_config_env_follows_the_contract() -> None:
     assert config["model"] == {
         "name": "resnet50",
         "version": "3",
-        "format": "onnx",
+        "format": "torch_export",
         "inputs": [{"name": "input", "datatype": "FP16", "shape": [3, 224, 224]}],
         "outputs": [{"name": "logits", "datatype": "FP16", "shape": [1000]}],
     }

@@ -67,6 +67,64 @@ class InferenceServiceSpec(ApiModel):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _optimization_fits_format_and_device(self) -> "InferenceServiceSpec":
+        """Refuse what the runtime refuses at start-up (its execution plan): the same rules here
+        turn a crash-looping pod into Ready=False/InvalidSpec naming the field.
+
+        onnx runs as exported (eager, fp32, no CUDA graphs); torch.compile needs a torch.export
+        program and freezing a TorchScript one; INT8 dynamic quantization is a TorchScript pass
+        that runs on CPU only, and the operator asks for CUDA whenever gpuCount > 0. Every
+        problem is reported at once, so one edit can fix them all.
+        """
+        optimization = self.runtime.optimization
+        model_format = self.model.format
+        gpu_count = self.resources.gpu_count
+        problems: list[str] = []
+        if model_format == "onnx" and optimization.mode != "eager":
+            problems.append(
+                f"runtime.optimization.mode {optimization.mode!r} is not available for "
+                "model.format 'onnx': use 'eager' (onnxruntime optimizes the graph itself)"
+            )
+        elif optimization.mode == "compile" and model_format != "torch_export":
+            problems.append(
+                f"runtime.optimization.mode 'compile' needs model.format 'torch_export', not "
+                f"{model_format!r} (torch.compile cannot compile TorchScript): use mode 'script' "
+                "or 'eager', or export the model with torch.export"
+            )
+        elif optimization.mode == "script" and model_format != "torchscript":
+            problems.append(
+                f"runtime.optimization.mode 'script' needs model.format 'torchscript', not "
+                f"{model_format!r}: use mode 'compile' or 'eager'"
+            )
+        if model_format == "onnx" and optimization.precision != "fp32":
+            problems.append(
+                f"runtime.optimization.precision {optimization.precision!r} is not available for "
+                "model.format 'onnx', which runs in the precision it was exported in: use "
+                "'fp32' and export the model in the precision you want"
+            )
+        elif optimization.precision == "int8":
+            if gpu_count > 0:
+                problems.append(
+                    "runtime.optimization.precision 'int8' (dynamic quantization) is CPU only but "
+                    f"resources.gpuCount is {gpu_count}: set resources.gpuCount to 0, or use "
+                    "precision 'fp16', 'bf16' or 'fp32' on a GPU"
+                )
+            if model_format != "torchscript":
+                problems.append(
+                    "runtime.optimization.precision 'int8' (dynamic quantization) needs "
+                    f"model.format 'torchscript', not {model_format!r}: use precision 'fp32', "
+                    "'fp16' or 'bf16', or save the model with torch.jit.save"
+                )
+        if model_format == "onnx" and optimization.cuda_graphs:
+            problems.append(
+                "runtime.optimization.cudaGraphs is not available for model.format 'onnx': "
+                "set it to false"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
     def model_name(self, service_name: str) -> str:
         """The protocol's model name: spec.model.name, else the InferenceService's name."""
         return self.model.name or service_name

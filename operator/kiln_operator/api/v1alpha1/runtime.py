@@ -17,12 +17,14 @@ class OptimizationSpec(ApiModel):
     """How the runtime prepares the model's graph before serving."""
 
     mode: Literal["eager", "script", "compile"] = "eager"
-    """eager: run as loaded; script: freeze and optimize_for_inference; compile: torch.compile."""
+    """eager: run as loaded (any format); script: freeze and optimize_for_inference (torchscript
+    only); compile: torch.compile (torch_export only). onnx runs eager."""
     precision: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
     """Numeric precision of the weights and activations. fp16/bf16 need a GPU; int8 is dynamic
-    quantisation of linear layers."""
+    quantisation of linear layers, CPU only (gpuCount 0) and torchscript only. onnx: fp32 only."""
     cuda_graphs: bool = False
-    """Capture CUDA graphs per batch size (GPU only; ignored on CPU). Needs static input shapes."""
+    """Capture CUDA graphs per batch size (needs gpuCount > 0; not for onnx). Needs static input
+    shapes."""
 
 
 class BatchingSpec(ApiModel):
