@@ -34,7 +34,7 @@ async def inferenceservice_autoscaler(
     stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any,
 ) -> None:  # fmt: skip
     """Evaluate, act, sleep for the service's interval; until the service is deleted."""
-    autoscaler = Autoscaler(memo.kube, PROMETHEUS_URL)
+    autoscaler = Autoscaler(memo.kube, memo.cache, PROMETHEUS_URL)
     while not stopped:
         interval = RETRY_SECONDS
         try:

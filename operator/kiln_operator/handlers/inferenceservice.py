@@ -1,8 +1,13 @@
 """kopf handlers for InferenceServices and their children.
 
-Every trigger — create, update, resume after a restart, the periodic resync timer, and any
-change to a child Deployment, Service or PodDisruptionBudget — runs the same level-based
-reconcile. Settings (peering, persistence, posting) are set at start-up here too.
+Level-based, as controller-runtime: every watch event of an InferenceService (the initial
+listing after a start included), every change to a child Deployment, Service or
+PodDisruptionBudget, and the periodic resync timer run the same reconcile; a failed one is
+queued again with backoff (`Requeue`). No create/update handlers: kopf would keep a copy of
+every spec in an annotation (a write per change, and a deep copy per event) to tell the two
+apart, and a level-based reconcile needs no such difference. Every watch event of these kinds
+also feeds the operator's ObjectCache, from which the reconcile loop, the autoscaler and the
+warm-up gate read. Settings (peering, posting) are set at start-up here too.
 """
 
 import logging
@@ -12,9 +17,11 @@ from typing import Any, cast
 import kopf
 
 from kiln_operator import constants
+from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import KubeClient, load_configuration
 from kiln_operator.k8s.peering import ensure_peering_object
 from kiln_operator.k8s.reconciler import Outcome, Reconciler
+from kiln_operator.k8s.requeue import Requeue
 
 RESYNC_SECONDS = float(os.environ.get("KILN_RESYNC_SECONDS", "300"))
 """How often every InferenceService is reconciled without a trigger (drift the watch missed)."""
@@ -30,10 +37,6 @@ logger = logging.getLogger(__name__)
 @kopf.on.startup()
 async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Connect to the API server and tune kopf for a level-based operator."""
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=constants.GROUP, key="last-handled-configuration"
-    )
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = constants.MANAGER
     settings.posting.event_name_prefix = "kiln-"
@@ -44,7 +47,13 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     configuration = await load_configuration()
     memo.kube = KubeClient(configuration)
     memo.reconcile_kube = KubeClient(configuration, component=RECONCILE_COMPONENT)
-    memo.reconciler = Reconciler(memo.reconcile_kube)
+    memo.cache = ObjectCache()
+    memo.reconciler = Reconciler(memo.reconcile_kube, memo.cache)
+
+    async def retry(namespace: str, name: str) -> None:
+        await _reconcile(memo, namespace, name, logger, trigger="retry")
+
+    memo.requeue = Requeue(retry)
     if not settings.peering.standalone:
         scopes: list[str | None] = list(memo.get("namespaces") or []) or [None]
         for scope in scopes:
@@ -56,7 +65,8 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
 
 @kopf.on.cleanup()
 async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Close the API connections."""
+    """Stop pending retries, close the API connections."""
+    await memo.requeue.close()
     await memo.kube.close()
     await memo.reconcile_kube.close()
 
@@ -80,17 +90,53 @@ def _announce(outcome: Outcome, logger: kopf.Logger | logging.Logger, trigger: s
         )
 
 
-@kopf.on.resume(constants.GROUP, constants.VERSION, constants.PLURAL)
-@kopf.on.create(constants.GROUP, constants.VERSION, constants.PLURAL)
-@kopf.on.update(constants.GROUP, constants.VERSION, constants.PLURAL)
-async def inferenceservice_reconcile(
-    namespace: str | None, name: str, memo: Any, logger: kopf.Logger, **_: Any
+async def _reconcile(
+    memo: Any,
+    namespace: str,
+    name: str,
+    logger: kopf.Logger | logging.Logger,
+    *,
+    trigger: str,
+    fresh: bool = False,
 ) -> None:
-    """Create, update, resume: reconcile. An invalid spec fails permanently until it changes."""
-    outcome = await memo.reconciler.reconcile(_namespaced(namespace), name)
-    _announce(outcome, logger, "spec")
-    if outcome.spec_error is not None:
-        raise kopf.PermanentError(f"invalid spec: {outcome.spec_error.message}")
+    """Reconcile one InferenceService; on an error, log it and queue a retry with backoff."""
+    try:
+        outcome = await memo.reconciler.reconcile(namespace, name, fresh=fresh)
+    except Exception as error:
+        delay = memo.requeue.failed(namespace, name)
+        logger.warning(f"reconcile of {namespace}/{name} failed ({error}); retry in {delay:g} s")
+        return
+    memo.requeue.succeeded(namespace, name)
+    _announce(outcome, logger, trigger)
+
+
+@kopf.on.event(constants.GROUP, constants.VERSION, constants.PLURAL)
+async def inferenceservice_event(
+    *,
+    type: str | None,
+    body: kopf.Body,
+    namespace: str | None,
+    name: str,
+    meta: kopf.Meta,
+    memo: Any,
+    logger: kopf.Logger,
+    **_: Any,
+) -> None:
+    """Cache the newest copy and reconcile, unless the event only echoes the reconcile loop's
+    own status write. The initial listing after a start (type None) reads the API server: the
+    child watches may not have delivered the children yet."""
+    memo.cache.observe(constants.PLURAL, type, body)
+    ns = _namespaced(namespace)
+    if type == "DELETED" or meta.get("deletionTimestamp"):
+        memo.reconciler.forget(ns, name)  # the garbage collector removes the children
+        memo.requeue.succeeded(ns, name)
+        return
+    if type is not None and memo.reconciler.is_own_write(
+        constants.PLURAL, ns, name, meta.get("resourceVersion")
+    ):
+        return
+    trigger = "listing" if type is None else "spec"
+    await _reconcile(memo, ns, name, logger, trigger=trigger, fresh=type is None)
 
 
 @kopf.timer(
@@ -103,8 +149,8 @@ async def inferenceservice_reconcile(
 async def inferenceservice_resync(
     namespace: str | None, name: str, memo: Any, logger: kopf.Logger, **_: Any
 ) -> None:
-    """Periodic resync: converged objects cause no writes."""
-    _announce(await memo.reconciler.reconcile(_namespaced(namespace), name), logger, "resync")
+    """Periodic resync from the API server: converged objects cause no writes."""
+    await _reconcile(memo, _namespaced(namespace), name, logger, trigger="resync", fresh=True)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
@@ -123,8 +169,9 @@ async def child_changed(
     logger: kopf.Logger,
     **_: Any,
 ) -> None:
-    """A child changed (rollout progress, drift, deletion): reconcile its InferenceService,
-    unless the event only echoes the operator's own write."""
+    """A child changed (rollout progress, drift, deletion): cache it and reconcile its
+    InferenceService, unless the event only echoes the operator's own write."""
+    memo.cache.observe(resource.plural, type, body)
     parent = labels.get(constants.LABEL_INFERENCESERVICE)
     if not parent:
         return
@@ -133,8 +180,4 @@ async def child_changed(
     )
     if echo and type != "DELETED":
         return
-    rollout = resource.plural == "deployments" and type != "DELETED"
-    if rollout:
-        memo.reconciler.note_deployment(cast(dict[str, Any], dict(body)))
-    outcome = await memo.reconciler.reconcile(_namespaced(namespace), parent, full=not rollout)
-    _announce(outcome, logger, "child")
+    await _reconcile(memo, _namespaced(namespace), parent, logger, trigger="child")

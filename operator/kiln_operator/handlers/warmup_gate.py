@@ -22,6 +22,7 @@ from prometheus_client import Counter, Histogram, start_http_server
 
 from kiln_operator import constants
 from kiln_operator.api.validation import SpecError, parse_spec
+from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, KubeClient
 from kiln_operator.k8s.resources import INFERENCE_SERVICES, PODS
 from kiln_operator.warmup import plan as warmup
@@ -85,7 +86,8 @@ async def warmup_gate_cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.event("", "v1", "pods", labels=POD_LABELS)
 async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> None:
-    """Start a pod's warm-up once it needs one; stop it when the pod goes away."""
+    """Cache the pod; start its warm-up once it needs one; stop it when the pod goes away."""
+    memo.cache.observe(PODS.plural, type, body)
     pod = cast(dict[str, Any], dict(body))
     uid = pod["metadata"]["uid"]
     tasks: dict[str, asyncio.Task[None]] = memo.warmup_tasks
@@ -95,34 +97,40 @@ async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> No
         if type == "DELETED":
             service = pod["metadata"].get("labels", {}).get(constants.LABEL_INFERENCESERVICE)
             if service:
-                await publish_summary(memo.kube, pod["metadata"]["namespace"], service)
+                await publish_summary(memo.kube, memo.cache, pod["metadata"]["namespace"], service)
         return
     if uid in tasks or not needs_warmup(pod):
         return
-    task = asyncio.create_task(_warm_up(memo.kube, pod), name=f"warm-up {uid}")
+    task = asyncio.create_task(_warm_up(memo.kube, memo.cache, pod), name=f"warm-up {uid}")
     tasks[uid] = task
     task.add_done_callback(lambda _: tasks.pop(uid, None))
 
 
-async def publish_summary(kube: KubeClient, namespace: str, service: str) -> None:
-    """Write the service's `status.warmup` (warm and failed pods, cold starts) if it changed."""
+async def publish_summary(
+    kube: KubeClient, cache: ObjectCache, namespace: str, service: str
+) -> None:
+    """Write the service's `status.warmup` (warm and failed pods, cold starts) if it changed.
+
+    Reads the API server, not the cache: this follows the gate's own pod write, which the pod
+    watch may not have delivered yet, and runs once per pod decision."""
     owner = await kube.get(INFERENCE_SERVICES, namespace, service)
     if owner is None:
         return
     pods = await kube.list(PODS, namespace, f"{constants.LABEL_INFERENCESERVICE}={service}")
     wanted = summary_status(summarize(pods))
     if (owner.get("status") or {}).get("warmup") != wanted:
-        await kube.apply_status(
+        written = await kube.apply_status(
             INFERENCE_SERVICES, namespace, service, {"warmup": wanted}, manager=FIELD_MANAGER
         )
+        cache.store(INFERENCE_SERVICES.plural, written)
 
 
-async def _warm_up(kube: KubeClient, pod: dict[str, Any]) -> None:
+async def _warm_up(kube: KubeClient, cache: ObjectCache, pod: dict[str, Any]) -> None:
     meta = pod["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     service = meta.get("labels", {}).get(constants.LABEL_INFERENCESERVICE, "")
     try:
-        await _gate(kube, pod, namespace, name, service)
+        await _gate(kube, cache, pod, namespace=namespace, name=name, service=service)
     except asyncio.CancelledError:
         raise
     except ApiError as error:
@@ -133,7 +141,13 @@ async def _warm_up(kube: KubeClient, pod: dict[str, Any]) -> None:
 
 
 async def _gate(
-    kube: KubeClient, pod: dict[str, Any], namespace: str, name: str, service: str
+    kube: KubeClient,
+    cache: ObjectCache,
+    pod: dict[str, Any],
+    *,
+    namespace: str,
+    name: str,
+    service: str,
 ) -> None:
     owner = await kube.get(INFERENCE_SERVICES, namespace, service)
     if owner is None:
@@ -173,7 +187,7 @@ async def _gate(
             await asyncio.sleep(warmup.backoff_seconds(attempt))
     assert verdict is not None
     await set_condition(verdict.passed, verdict.reason, verdict.message)
-    await publish_summary(kube, namespace, service)
+    await publish_summary(kube, cache, namespace, service)
     if verdict.passed:
         warmed = await kube.get(PODS, namespace, name)
         if warmed is not None and (seconds := cold_start_seconds(warmed)) is not None:

@@ -4,7 +4,8 @@ Why it exists: `decide` is pure; this module gathers its inputs (the Deployment'
 pods' warm-up times, Prometheus' signals, the state kept in an annotation on the object), and
 carries out the decision: pod-deletion-cost on the idlest pods before a scale-down, the
 Deployment's scale subresource (the only write of `replicas` anywhere in Kiln), status and state
-written only when they changed, and an event on each change of replicas.
+written only when they changed, and an event on each change of replicas. It reads the
+InferenceService, its Deployment and its pods from the operator's watch-fed ObjectCache.
 """
 
 import asyncio
@@ -20,6 +21,7 @@ from kiln_operator.autoscaling.deletion_cost import DELETION_COST_ANNOTATION, de
 from kiln_operator.autoscaling.policy import Decision, Observation, ScalingSpec, decide
 from kiln_operator.autoscaling.prometheus import PrometheusReader
 from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState
+from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import KubeClient
 from kiln_operator.k8s.resources import DEPLOYMENTS, INFERENCE_SERVICES, PODS
 from kiln_operator.status.conditions import find_condition, set_condition
@@ -65,24 +67,28 @@ def metrics_condition(
 class Autoscaler:
     """Evaluates InferenceServices against Prometheus; one instance per operator."""
 
-    def __init__(self, kube: KubeClient, default_prometheus_url: str | None) -> None:
+    def __init__(
+        self, kube: KubeClient, cache: ObjectCache, default_prometheus_url: str | None
+    ) -> None:
         self.kube = kube
+        self.cache = cache
         self.default_prometheus_url = default_prometheus_url
 
     async def evaluate(self, namespace: str, name: str, now: datetime) -> Evaluation | None:
-        """Decide and act once; None when there is nothing to scale (yet)."""
-        body = await self.kube.get(INFERENCE_SERVICES, namespace, name)
+        """Decide and act once; None when there is nothing to scale (yet), or the watches have
+        not delivered the service or its Deployment yet (the next pass looks again)."""
+        body = self.cache.get(INFERENCE_SERVICES.plural, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
         spec = parse_spec(name, body.get("spec"))
         if isinstance(spec, SpecError):
             return None  # the reconcile loop reports it; replicas stay as they are
-        deployment = await self.kube.get(DEPLOYMENTS, namespace, name)
+        deployment = self.cache.get(DEPLOYMENTS.plural, namespace, name)
         if deployment is None:
-            return None  # the reconcile loop creates it
+            return None  # the reconcile loop creates it; its watch delivers it
         current = int(deployment["spec"].get("replicas", 1))
         ready = int((deployment.get("status") or {}).get("readyReplicas") or 0)
-        pods = await self.kube.list(PODS, namespace, f"{constants.LABEL_INFERENCESERVICE}={name}")
+        pods = self.cache.pods_of(namespace, name)
 
         url = spec.autoscaling.prometheus_url or self.default_prometheus_url
         reader = PrometheusReader(url) if url else None
@@ -110,18 +116,20 @@ class Autoscaler:
         if current_status.get("autoscaling") != status or condition not in (
             current_status.get("conditions") or []
         ):
-            await self.kube.apply_status(
+            written = await self.kube.apply_status(
                 INFERENCE_SERVICES, namespace, name,
                 {"autoscaling": status, "conditions": [condition]}, manager=FIELD_MANAGER,
             )  # fmt: skip
+            self.cache.store(INFERENCE_SERVICES.plural, written)
         stored = decision.state.to_annotation()
         if annotations.get(STATE_ANNOTATION) != stored:
-            await self.kube.merge_patch(
+            written = await self.kube.merge_patch(
                 INFERENCE_SERVICES,
                 namespace,
                 name,
                 {"metadata": {"annotations": {STATE_ANNOTATION: stored}}},
             )
+            self.cache.store(INFERENCE_SERVICES.plural, written)
         if decision.desired_replicas < current:
             await self._mark_idlest(namespace, name, pods, reader)
         if decision.desired_replicas != current:
@@ -158,9 +166,10 @@ class Autoscaler:
             await asyncio.to_thread(reader.inflight_by_pod, namespace, name) if reader else {}
         )
         for pod_name, cost in deletion_costs(pods, inflight).items():
-            await self.kube.merge_patch(
+            written = await self.kube.merge_patch(
                 PODS,
                 namespace,
                 pod_name,
                 {"metadata": {"annotations": {DELETION_COST_ANNOTATION: str(cost)}}},
             )
+            self.cache.store(PODS.plural, written)

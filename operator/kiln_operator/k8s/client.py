@@ -59,6 +59,10 @@ class KubeClient:
 
     def __init__(self, configuration: client.Configuration, component: str = "kiln") -> None:
         self._api = client.ApiClient(configuration)
+        # kubernetes_asyncio's session trusts the environment, so aiohttp looks up proxy
+        # variables and reads ~/.netrc on every request; the kubeconfig (or the in-cluster
+        # configuration) already says how to reach the API server.
+        self._api.rest_client.pool_manager._trust_env = False
         # The user agent names the component, so audit logs tell its writes from the others'.
         self._api.user_agent = f"{constants.MANAGER}/{component}"
 

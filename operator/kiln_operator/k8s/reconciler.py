@@ -4,6 +4,9 @@ Why it exists: one idempotent, level-based `reconcile()` serves create, update, 
 and child events alike. It never writes `replicas` of an existing Deployment (the autoscaler
 owns it), never touches children while the spec is invalid (the last valid spec keeps
 serving), and writes nothing at all when everything has converged.
+
+It reads from the watch-fed `ObjectCache` (no request when nothing differs); the periodic resync
+reads the API server itself, the safety net for anything the watches missed.
 """
 
 import asyncio
@@ -25,6 +28,7 @@ from kiln_operator.builders.compare import build_update, needs_update
 from kiln_operator.builders.naming import grpc_address, http_url, label_selector_string
 from kiln_operator.builders.pdb import wants_pdb
 from kiln_operator.constants import MANAGER
+from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, KubeClient, Manifest
 from kiln_operator.k8s.resources import (
     CRDS,
@@ -47,9 +51,9 @@ KEEP_LIVE_SPEC = (SERVICES,)
 """Kinds whose live spec holds fields the server assigns (a Service's clusterIP): an update
 merges ours into it instead of replacing it."""
 CRD_PROBE_SECONDS = 60.0
+"""How long the answer to "is the Prometheus Operator installed?" is reused."""
 STATUS_MANAGER = f"{MANAGER}-reconcile"
 """Field manager of the reconcile loop's status fields and conditions."""
-"""How long the answer to "is the Prometheus Operator installed?" is reused."""
 
 
 @dataclass
@@ -66,11 +70,11 @@ class Outcome:
 class Reconciler:
     """Reconciles InferenceServices through one KubeClient; one reconcile per object at a time."""
 
-    def __init__(self, kube: KubeClient) -> None:
+    def __init__(self, kube: KubeClient, cache: ObjectCache) -> None:
         self._kube = kube
+        self._cache = cache
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._queued: dict[tuple[str, str, bool], asyncio.Future[Outcome]] = {}
-        self._deployments: dict[tuple[str, str], Manifest] = {}
         self._written: dict[tuple[str, str, str], str] = {}
         self._service_monitors: tuple[float, bool] | None = None
 
@@ -81,35 +85,51 @@ class Reconciler:
             self._service_monitors = (now, exists)
         return self._service_monitors[1]
 
+    async def _read(
+        self, resource: Resource, namespace: str, name: str, fresh: bool
+    ) -> Manifest | None:
+        """The cached object; from the API server when `fresh`, or for an InferenceService the
+        cache has not seen. A child the cache has not seen counts as missing: creating it then
+        answers 409 if it exists, and the object is adopted (see _create)."""
+        if not fresh:
+            cached = self._cache.get(resource.plural, namespace, name)
+            if cached is not None or resource is not INFERENCE_SERVICES:
+                return cached
+        live = await self._kube.get(resource, namespace, name)
+        if live is None:
+            self._cache.forget(resource.plural, namespace, name)
+        else:
+            self._cache.store(resource.plural, live)
+        return live
+
     def _remember(self, resource: Resource, owner: Owner, written: Manifest) -> None:
+        self._cache.store(resource.plural, written)
         version = written.get("metadata", {}).get("resourceVersion")
         if version:
             self._written[(resource.plural, owner.namespace, owner.name)] = version
 
     def is_own_write(self, plural: str, namespace: str, name: str, version: str | None) -> bool:
-        """Whether a child event only echoes this operator's own last write of that child: such an
-        event carries nothing to reconcile (a later change has another resourceVersion)."""
+        """Whether an event only echoes the reconcile loop's own last write of that object (a
+        child, or an InferenceService's status): it carries nothing to reconcile (a later change
+        has another resourceVersion)."""
         return version is not None and self._written.get((plural, namespace, name)) == version
 
-    def note_deployment(self, deployment: Manifest) -> None:
-        """Keep the Deployment a watch event delivered: the next Deployment-scoped reconcile of
-        its InferenceService uses it instead of reading it again."""
-        meta = deployment["metadata"]
-        self._deployments[(meta["namespace"], meta["name"])] = deployment
+    def forget(self, namespace: str, name: str) -> None:
+        """The InferenceService is gone or going: drop what was kept for it."""
+        self._locks.pop((namespace, name), None)
+        for resource in (INFERENCE_SERVICES, DEPLOYMENTS, SERVICES, PDBS, SERVICE_MONITORS):
+            self._written.pop((resource.plural, namespace, name), None)
 
-    async def reconcile(self, namespace: str, name: str, *, full: bool = True) -> Outcome:
+    async def reconcile(self, namespace: str, name: str, *, fresh: bool = False) -> Outcome:
         """Bring one InferenceService's children and status in line with its spec.
 
-        `full=False` (a Deployment changed, e.g. rollout progress): the Deployment (as last
-        delivered by its watch, see note_deployment), the PodDisruptionBudget and the status
-        only; every other trigger, the resync included, reconciles everything.
-
-        Runs at most one reconcile per object at a time, each on a fresh read of the object.
+        Reads come from the cache unless `fresh` (the resync), which reads the API server.
+        Runs at most one reconcile per object at a time, each on the newest copy of the object.
         Callers arriving while one of the same scope is already queued share it instead of
         queueing another (it will read their change too); they get its outcome without its
         writes and events, so each event is posted once.
         """
-        key = (namespace, name, full)
+        key = (namespace, name, fresh)
         queued = self._queued.get(key)
         if queued is not None:
             shared = await asyncio.shield(queued)
@@ -121,7 +141,7 @@ class Reconciler:
             async with self._locks.setdefault((namespace, name), asyncio.Lock()):
                 if self._queued.get(key) is future:
                     del self._queued[key]
-                outcome = await self._reconcile_fresh(namespace, name, full)
+                outcome = await self._reconcile_now(namespace, name, fresh)
         except BaseException as error:
             if self._queued.get(key) is future:
                 del self._queued[key]
@@ -130,24 +150,15 @@ class Reconciler:
         future.set_result(outcome)
         return outcome
 
-    async def _reconcile_fresh(self, namespace: str, name: str, full: bool) -> Outcome:
-        body = await self._kube.get(INFERENCE_SERVICES, namespace, name)
-        delivered = self._deployments.pop((namespace, name), None)
+    async def _reconcile_now(self, namespace: str, name: str, fresh: bool) -> Outcome:
+        body = await self._read(INFERENCE_SERVICES, namespace, name, fresh)
         if body is None or body["metadata"].get("deletionTimestamp"):
-            self._locks.pop((namespace, name), None)
-            for plural in (
-                DEPLOYMENTS.plural,
-                SERVICES.plural,
-                PDBS.plural,
-                SERVICE_MONITORS.plural,
-            ):
-                self._written.pop((plural, namespace, name), None)
+            self.forget(namespace, name)
             return Outcome()
-        if full or delivered is None:
-            delivered = await self._kube.get(DEPLOYMENTS, namespace, name)
-        return await self._reconcile(body, delivered, full)
+        deployment = await self._read(DEPLOYMENTS, namespace, name, fresh)
+        return await self._reconcile(body, deployment, fresh)
 
-    async def _reconcile(self, body: Manifest, deployment: Manifest | None, full: bool) -> Outcome:
+    async def _reconcile(self, body: Manifest, deployment: Manifest | None, fresh: bool) -> Outcome:
         meta = body["metadata"]
         owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
         outcome = Outcome(body=body)
@@ -155,7 +166,7 @@ class Reconciler:
         if isinstance(parsed, SpecError):
             outcome.spec_error = parsed
         else:
-            deployment = await self._apply_children(parsed, owner, deployment, outcome, full)
+            deployment = await self._apply_children(parsed, owner, deployment, outcome, fresh)
         observation = Observation(
             generation=int(meta.get("generation") or 0),
             spec_error=None if outcome.spec_error is None else outcome.spec_error.message,
@@ -166,9 +177,10 @@ class Reconciler:
         )
         update = compute_status(body.get("status") or {}, observation, datetime.now(UTC))
         if update.patch is not None:
-            await self._kube.apply_status(
+            written = await self._kube.apply_status(
                 INFERENCE_SERVICES, owner.namespace, owner.name, update.applied, STATUS_MANAGER
             )
+            self._remember(INFERENCE_SERVICES, owner, written)
             outcome.writes.append(f"status of {owner.namespace}/{owner.name}")
         outcome.events.extend(update.events)
         return outcome
@@ -179,36 +191,45 @@ class Reconciler:
         owner: Owner,
         deployment: Manifest | None,
         outcome: Outcome,
-        full: bool,
+        fresh: bool,
     ) -> Manifest | None:
-        """Create or correct the children (only the Deployment and the PDB unless `full`);
-        returns the live Deployment after the writes."""
-        initial_replicas = spec.autoscaling.min_replicas
-        desired = build_deployment(spec, owner)
-        if deployment is None:
-            deployment = await self._create(
-                DEPLOYMENTS, owner, build_deployment(spec, owner, initial_replicas), outcome
-            )
-        else:
-            deployment = await self._correct(DEPLOYMENTS, owner, deployment, desired, outcome)
+        """Create or correct the children; returns the live Deployment after the writes.
 
-        if full:
+        The Deployment (with its PodDisruptionBudget, which depends on its replicas) and the
+        Service are written concurrently: a Service create waits for a cluster IP, and at scale
+        that wait should not delay the Deployment's pods, nor the other way round."""
+
+        async def deployment_and_pdb() -> Manifest:
+            initial_replicas = spec.autoscaling.min_replicas
+            if deployment is None:
+                live = await self._create(
+                    DEPLOYMENTS, owner, build_deployment(spec, owner, initial_replicas), outcome
+                )
+            else:
+                desired = build_deployment(spec, owner)
+                live = await self._correct(DEPLOYMENTS, owner, deployment, desired, outcome)
+            live_replicas = int((live.get("spec") or {}).get("replicas", initial_replicas))
+            if wants_pdb(max(initial_replicas, live_replicas)):
+                await self._ensure(PDBS, owner, build_pdb(owner), outcome, fresh)
+            else:
+                await self._remove(PDBS, owner, outcome, fresh)
+            return live
+
+        async def service_and_monitor() -> None:
             with_monitor = await self._service_monitor_crd_exists()
-            await self._ensure(
-                SERVICES,
-                owner,
-                build_service(owner, scrape_annotations=not with_monitor),
-                outcome,
-            )
+            service = build_service(owner, scrape_annotations=not with_monitor)
+            await self._ensure(SERVICES, owner, service, outcome, fresh)
             if with_monitor:
-                await self._ensure(SERVICE_MONITORS, owner, build_service_monitor(owner), outcome)
+                monitor = build_service_monitor(owner)
+                await self._ensure(SERVICE_MONITORS, owner, monitor, outcome, fresh)
 
-        live_replicas = int((deployment.get("spec") or {}).get("replicas", initial_replicas))
-        if wants_pdb(max(initial_replicas, live_replicas)):
-            await self._ensure(PDBS, owner, build_pdb(owner), outcome)
-        else:
-            await self._remove(PDBS, owner, outcome)
-        return deployment
+        try:
+            async with asyncio.TaskGroup() as group:
+                written = group.create_task(deployment_and_pdb())
+                group.create_task(service_and_monitor())
+        except ExceptionGroup as failed:
+            raise failed.exceptions[0] from None  # as a sequential reconcile would have raised
+        return written.result()
 
     async def _ensure(
         self,
@@ -216,8 +237,9 @@ class Reconciler:
         owner: Owner,
         desired: Manifest,
         outcome: Outcome,
+        fresh: bool,
     ) -> Manifest:
-        live = await self._kube.get(resource, owner.namespace, owner.name)
+        live = await self._read(resource, owner.namespace, owner.name, fresh)
         if live is None:
             return await self._create(resource, owner, desired, outcome)
         return await self._correct(resource, owner, live, desired, outcome)
@@ -231,7 +253,7 @@ class Reconciler:
             if not error.is_conflict:
                 raise
             # Created meanwhile (a previous run of a killed operator, or a peer): adopt it.
-            live = await self._kube.get(resource, owner.namespace, owner.name)
+            live = await self._read(resource, owner.namespace, owner.name, fresh=True)
             if live is None:
                 raise
             return await self._correct(resource, owner, live, desired, outcome)
@@ -266,21 +288,24 @@ class Reconciler:
                     owner.namespace,
                     owner.name,
                 )
-                fresh = await self._kube.get(resource, owner.namespace, owner.name)
-                if fresh is None:
+                reread = await self._read(resource, owner.namespace, owner.name, fresh=True)
+                if reread is None:
                     return await self._create(resource, owner, desired, outcome)
-                live = fresh
+                live = reread
                 continue
             outcome.writes.append(f"updated {desired['kind']} {owner.namespace}/{owner.name}")
             self._remember(resource, owner, written)
             return written
         return live
 
-    async def _remove(self, resource: Resource, owner: Owner, outcome: Outcome) -> None:
-        live = await self._kube.get(resource, owner.namespace, owner.name)
+    async def _remove(
+        self, resource: Resource, owner: Owner, outcome: Outcome, fresh: bool
+    ) -> None:
+        live = await self._read(resource, owner.namespace, owner.name, fresh)
         if live is None or not _owned_by(live, owner):
             return
         await self._kube.delete(resource, owner.namespace, owner.name, live["metadata"]["uid"])
+        self._cache.forget(resource.plural, owner.namespace, owner.name)
         outcome.writes.append(f"deleted {resource.plural} {owner.namespace}/{owner.name}")
 
 

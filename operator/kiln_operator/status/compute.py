@@ -162,15 +162,29 @@ def _conditions(
                 state.detail,
             )
 
+        judged = find_condition(previous, constants.CONDITION_READY)
         if state.desired == 0:
             ready = (False, constants.REASON_SCALED_TO_ZERO, "the Deployment has 0 replicas")
         elif state.deadline_exceeded:
             ready = (False, constants.REASON_PROGRESS_DEADLINE_EXCEEDED, state.detail)
-        elif state.in_progress:
+        elif (
+            not state.observed
+            and judged is not None
+            and judged.get("observedGeneration") == generation
+        ):
+            # The spec did not change since Ready was last judged, so the Deployment changed
+            # only in replicas (the autoscaler): no news until its controller reports.
+            ready = (
+                judged.get("status") == "True",
+                str(judged.get("reason")),
+                str(judged.get("message", "")),
+            )
+        elif state.rolling:
             ready = (False, constants.REASON_ROLLOUT_IN_PROGRESS, state.detail)
-        elif not state.is_available or state.ready == 0:
+        elif state.available == 0 or state.ready == 0:
             ready = (False, constants.REASON_MINIMUM_REPLICAS_UNAVAILABLE, state.detail)
         else:
+            # Pods of the current spec serve; a scale-up's new pods may still be warming up.
             ready = (True, constants.REASON_AVAILABLE, state.detail)
 
     if observation.spec_error is not None:

@@ -1,7 +1,8 @@
 """rollout_state: read a live Deployment the way `kubectl rollout status` does.
 
 Why it exists: "Ready is False while a rollout is in progress" needs a precise definition of
-in progress; it is this one, and it is tested against hand-written Deployment statuses.
+in progress, and of rollout as opposed to a scale (the autoscaler adding a pod of the current
+template is not a rollout); it is this one, tested against hand-written Deployment statuses.
 """
 
 from dataclasses import dataclass
@@ -20,7 +21,15 @@ class RolloutState:
     updated: int
     available: int
     is_available: bool
+    """The Deployment's own Available condition (with maxUnavailable 0 it is False while a
+    scale-up's new pods warm up, although the older pods serve)."""
+    observed: bool
+    """The Deployment controller has seen the Deployment's current generation."""
     in_progress: bool
+    """Anything is still moving: a new spec, pods being added, old pods leaving."""
+    rolling: bool
+    """Pods of an older pod template still exist (or the controller has not seen the spec yet):
+    a rollout, as opposed to a scale of the current template."""
     deadline_exceeded: bool
     detail: str
 
@@ -58,7 +67,9 @@ def rollout_state(deployment: dict[str, Any]) -> RolloutState:
         updated=updated,
         available=available,
         is_available=available_condition.get("status") == "True" and desired > 0,
+        observed=observed,
         in_progress=in_progress,
+        rolling=not observed or replicas > updated,
         deadline_exceeded=deadline_exceeded,
         detail=detail,
     )

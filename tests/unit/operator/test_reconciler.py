@@ -1,6 +1,6 @@
 """The reconcile loop's effects against an in-memory API server: writes only what differs,
 retries 409 conflicts on a fresh read, never writes replicas, never touches children of an
-invalid spec."""
+invalid spec, and reads its watch-fed cache instead of the API server."""
 
 import asyncio
 import copy
@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from kiln_operator import constants
+from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, Manifest
 from kiln_operator.k8s.peering import ensure_peering_object
 from kiln_operator.k8s.reconciler import Reconciler
@@ -32,6 +33,7 @@ class FakeKube:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str | None, str], Manifest] = {}
         self.writes: list[tuple[str, str]] = []
+        self.reads: list[str] = []
         self.conflicts_left = 0
         self.version = 0
 
@@ -48,6 +50,7 @@ class FakeKube:
         return stored
 
     async def get(self, resource: Resource, namespace: str | None, name: str) -> Manifest | None:
+        self.reads.append(resource.plural)
         found = self.objects.get(self._key(resource, namespace, name))
         return copy.deepcopy(found) if found is not None else None
 
@@ -107,8 +110,14 @@ def add_service(kube: FakeKube, spec: dict[str, Any], name: str = "mlp") -> None
     }
 
 
-def reconciler(kube: FakeKube) -> Reconciler:
-    return Reconciler(kube)  # type: ignore[arg-type]
+def reconciler(kube: FakeKube, cache: ObjectCache | None = None) -> Reconciler:
+    """A reconciler with its own cache (empty, as right after a start, unless given)."""
+    return Reconciler(kube, cache if cache is not None else ObjectCache())  # type: ignore[arg-type]
+
+
+def deliver(kube: FakeKube, cache: ObjectCache, resource: Resource, name: str = "mlp") -> None:
+    """What a watch does: the cache gets the object as the API server now has it."""
+    cache.observe(resource.plural, "MODIFIED", kube.objects[(resource.plural, NAMESPACE, name)])
 
 
 def live(kube: FakeKube, resource: Resource, name: str = "mlp") -> Manifest:
@@ -230,6 +239,8 @@ async def test_a_pdb_is_removed_when_one_replica_is_left() -> None:
     spec["autoscaling"] = {"minReplicas": 1}
     live(kube, DEPLOYMENTS)["spec"]["replicas"] = 1
     await reconciler(kube).reconcile(NAMESPACE, "mlp")
+    assert (PDBS.plural, NAMESPACE, "mlp") in kube.objects, "a cold cache has not seen it"
+    await reconciler(kube).reconcile(NAMESPACE, "mlp", fresh=True)  # the resync reads the API
     assert (PDBS.plural, NAMESPACE, "mlp") not in kube.objects
 
 
@@ -308,20 +319,62 @@ async def test_status_is_applied_without_touching_other_writers_conditions() -> 
     }
 
 
-async def test_a_deployment_event_reconciles_the_deployment_as_delivered_and_not_the_service() -> (
-    None
-):
+async def test_a_converged_object_costs_no_request_once_the_watches_delivered_it() -> None:
     kube = FakeKube()
     add_service(kube, load_sample("minimal")["spec"])
-    shared = reconciler(kube)
+    cache = ObjectCache()
+    shared = reconciler(kube, cache)
     await shared.reconcile(NAMESPACE, "mlp")
-    del kube.objects[(SERVICES.plural, NAMESPACE, "mlp")]  # only a full reconcile recreates it
-    delivered = copy.deepcopy(live(kube, DEPLOYMENTS))
-    delivered["status"] = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1}
-    shared.note_deployment(delivered)
+    kube.reads.clear()
     kube.writes.clear()
-    await shared.reconcile(NAMESPACE, "mlp", full=False)
-    assert kube.writes == [("status", "inferenceservices")]
-    assert live(kube, INFERENCE_SERVICES)["status"]["updatedReplicas"] == 1
+    for _ in range(3):
+        await shared.reconcile(NAMESPACE, "mlp")
+    assert (kube.reads, kube.writes) == ([], [])
+
+
+async def test_a_delivered_deployment_status_reaches_the_status_without_a_read() -> None:
+    kube = FakeKube()
+    add_service(kube, load_sample("minimal")["spec"])
+    cache = ObjectCache()
+    shared = reconciler(kube, cache)
     await shared.reconcile(NAMESPACE, "mlp")
-    assert (SERVICES.plural, NAMESPACE, "mlp") in kube.objects
+    live(kube, DEPLOYMENTS)["status"] = {
+        "observedGeneration": 1,
+        "replicas": 1,
+        "updatedReplicas": 1,
+    }
+    deliver(kube, cache, DEPLOYMENTS)
+    kube.reads.clear()
+    kube.writes.clear()
+    await shared.reconcile(NAMESPACE, "mlp")
+    assert kube.writes == [("status", "inferenceservices")]
+    assert kube.reads == []
+    assert live(kube, INFERENCE_SERVICES)["status"]["updatedReplicas"] == 1
+
+
+async def test_drift_delivered_by_the_watch_is_reverted_and_replicas_kept() -> None:
+    kube = FakeKube()
+    add_service(kube, load_sample("minimal")["spec"])
+    cache = ObjectCache()
+    shared = reconciler(kube, cache)
+    await shared.reconcile(NAMESPACE, "mlp")
+    deployment = live(kube, DEPLOYMENTS)
+    deployment["spec"]["replicas"] = 3
+    deployment["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:latest"
+    deliver(kube, cache, DEPLOYMENTS)
+    kube.writes.clear()
+    await shared.reconcile(NAMESPACE, "mlp")
+    assert ("replace", "deployments") in kube.writes
+    deployment = live(kube, DEPLOYMENTS)
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "kiln/runtime:dev"
+    assert deployment["spec"]["replicas"] == 3
+
+
+async def test_children_the_cache_has_not_seen_are_adopted_not_duplicated() -> None:
+    kube = FakeKube()
+    add_service(kube, load_sample("minimal")["spec"])
+    await reconciler(kube).reconcile(NAMESPACE, "mlp")
+    kube.writes.clear()
+    await reconciler(kube).reconcile(NAMESPACE, "mlp")  # a restarted operator, cold cache
+    assert kube.writes == []
+    assert sum(1 for key in kube.objects if key[0] == DEPLOYMENTS.plural) == 1

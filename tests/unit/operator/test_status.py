@@ -63,6 +63,10 @@ def test_rollout_states() -> None:
     assert rollout_state(deployment(updated=1)).in_progress
     assert rollout_state(deployment(current=3)).in_progress  # an old pod still terminating
     assert rollout_state(deployment(available=1)).in_progress
+    assert rollout_state(deployment(generation=2, observed=1)).rolling
+    assert rollout_state(deployment(current=3)).rolling  # pods of an older template
+    scaling_up = rollout_state(deployment(replicas=3, updated=2, current=2, available=2))
+    assert scaling_up.in_progress and not scaling_up.rolling
     stuck = rollout_state(deployment(updated=1, progressing_reason="ProgressDeadlineExceeded"))
     assert stuck.deadline_exceeded
 
@@ -85,6 +89,50 @@ def test_not_ready_while_a_rollout_is_in_progress() -> None:
     assert (ready["status"], ready["reason"]) == ("False", constants.REASON_ROLLOUT_IN_PROGRESS)
     progressing = condition(update.patch, constants.CONDITION_PROGRESSING)
     assert progressing["status"] == "True"
+
+
+def test_a_scale_is_not_a_rollout_ready_stays_true_and_no_event_pair() -> None:
+    """The autoscaler adds a pod: the Deployment's generation moves, its controller reports
+    later, the new pod warms up; the older pods serve throughout, so Ready never flips."""
+    ready = compute_status({}, observe(deployment()), T0)
+    status: dict[str, Any] = dict(ready.applied)
+    steps = [
+        deployment(replicas=3, generation=2, observed=1),  # written, not yet seen
+        deployment(replicas=3, generation=2, observed=2, updated=2, current=2),  # pod created
+        deployment(replicas=3, generation=2, observed=2, updated=3, available=2, ready=2),
+        deployment(replicas=3, generation=2, observed=2, updated=3, available=3, ready=3),
+    ]
+    for step, live in enumerate(steps, start=1):
+        update = compute_status(status, observe(live), T0 + timedelta(seconds=step))
+        status = {**status, **(update.patch or {})}
+        assert condition(status, constants.CONDITION_READY)["status"] == "True", step
+        assert update.events == [], step
+    assert condition(status, constants.CONDITION_PROGRESSING)["status"] == "False"
+
+
+def test_a_spec_change_is_a_rollout_even_before_the_controller_sees_it() -> None:
+    status = dict(compute_status({}, observe(deployment()), T0).applied)
+    written = deployment(generation=2, observed=1)  # a new pod template, not yet seen
+    update = compute_status(status, observe(written, generation=2), T0)
+    assert update.patch is not None
+    ready = condition(update.patch, constants.CONDITION_READY)
+    assert (ready["status"], ready["reason"]) == ("False", constants.REASON_ROLLOUT_IN_PROGRESS)
+    seen = deployment(generation=2, observed=2, updated=1, current=3)  # old pods still serve
+    update = compute_status({**status, **update.patch}, observe(seen, generation=2), T0)
+    assert (
+        update.patch is None
+        or condition({**status, **update.patch}, constants.CONDITION_READY)["status"] == "False"
+    )
+
+
+def test_not_ready_when_no_pod_is_available() -> None:
+    update = compute_status({}, observe(deployment(available=0, ready=0)), T0)
+    assert update.patch is not None
+    ready = condition(update.patch, constants.CONDITION_READY)
+    assert (ready["status"], ready["reason"]) == (
+        "False",
+        constants.REASON_MINIMUM_REPLICAS_UNAVAILABLE,
+    )
 
 
 def test_not_ready_without_a_deployment_or_with_zero_replicas() -> None:
