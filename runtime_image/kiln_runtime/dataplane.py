@@ -56,6 +56,8 @@ class DataPlane:
         self._spec = config.model
         self._inputs = {spec.name: spec for spec in self._spec.inputs}
         self._outputs = {spec.name: spec for spec in self._spec.outputs}
+        self._input_names = [spec.name for spec in self._spec.inputs]
+        self._output_names = frozenset(self._outputs)
         self._batcher: DynamicBatcher[Arrays, Arrays] = DynamicBatcher(
             self._process,
             max_batch_rows=config.batching.max_batch_size,
@@ -69,6 +71,7 @@ class DataPlane:
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        metrics.inflight.set_function(lambda: self._inflight)  # read at scrape, not per request
         self.warmup_seconds: float | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -144,14 +147,13 @@ class DataPlane:
 
     def request_started(self) -> None:
         self._inflight += 1
-        self._idle.clear()
-        self.metrics.inflight.set(self._inflight)
+        if self._inflight == 1:
+            self._idle.clear()
 
     def request_finished(self, protocol: str, code: str, seconds: float) -> None:
         self._inflight -= 1
         if self._inflight == 0:
             self._idle.set()
-        self.metrics.inflight.set(self._inflight)
         self.metrics.requests[(protocol, code)].inc()
         self.metrics.request_duration[protocol].observe(seconds)
 
@@ -239,28 +241,21 @@ class DataPlane:
         )
 
     def _validate_inputs(self, tensors: list[Tensor]) -> tuple[Arrays, int]:
-        given = {t.name: t for t in tensors}
-        if len(given) != len(tensors):
-            raise errors.invalid("an input appears more than once")
-        unknown = sorted(set(given) - set(self._inputs))
-        missing = sorted(set(self._inputs) - set(given))
-        if unknown or missing:
-            raise errors.invalid(
-                f"model '{self._spec.name}' expects inputs {list(self._inputs)}; "
-                + (f"unknown: {unknown} " if unknown else "")
-                + (f"missing: {missing}" if missing else "")
-            )
+        if [t.name for t in tensors] == self._input_names:
+            ordered = tensors  # the usual case: every input once, in the declared order
+        else:
+            ordered = self._reorder_inputs(tensors)
         arrays = []
         rows: int | None = None
-        for spec in self._spec.inputs:
-            tensor = given[spec.name]
+        for spec, tensor in zip(self._spec.inputs, ordered, strict=True):
             if tensor.datatype != spec.datatype:
                 raise errors.invalid(
                     f"input '{spec.name}': datatype {tensor.datatype}, expected {spec.datatype}"
                 )
-            shape = tensor.shape
-            if len(shape) != len(spec.shape) + 1 or any(
-                d not in (-1, s) for d, s in zip(spec.shape, shape[1:], strict=True)
+            shape = tensor.data.shape
+            if shape[1:] != spec.shape and (
+                len(shape) != len(spec.shape) + 1
+                or any(d not in (-1, s) for d, s in zip(spec.shape, shape[1:], strict=True))
             ):
                 raise errors.invalid(
                     f"input '{spec.name}': shape {list(shape)}, expected {[-1, *spec.shape]} "
@@ -280,11 +275,26 @@ class DataPlane:
             )
         return arrays, rows
 
-    def _validate_outputs(self, request: InferRequest) -> set[str]:
+    def _reorder_inputs(self, tensors: list[Tensor]) -> list[Tensor]:
+        """The inputs in the declared order, or an error naming the unknown and missing ones."""
+        given = {t.name: t for t in tensors}
+        if len(given) != len(tensors):
+            raise errors.invalid("an input appears more than once")
+        unknown = sorted(set(given) - set(self._inputs))
+        missing = sorted(set(self._inputs) - set(given))
+        if unknown or missing:
+            raise errors.invalid(
+                f"model '{self._spec.name}' expects inputs {list(self._inputs)}; "
+                + (f"unknown: {unknown} " if unknown else "")
+                + (f"missing: {missing}" if missing else "")
+            )
+        return [given[name] for name in self._input_names]
+
+    def _validate_outputs(self, request: InferRequest) -> frozenset[str]:
         if not request.outputs:
-            return set(self._outputs)
-        names = {o.name for o in request.outputs}
-        unknown = sorted(names - set(self._outputs))
+            return self._output_names
+        names = frozenset(o.name for o in request.outputs)
+        unknown = sorted(names - self._output_names)
         if unknown:
             raise errors.invalid(
                 f"unknown output(s) {unknown}; model '{self._spec.name}' has {list(self._outputs)}"

@@ -67,6 +67,7 @@ class ModelRunner:
         for note in self.plan.notes:
             log.warning("%s", note)
         self._device = torch.device(self.plan.device)
+        self._on_cpu = self._device.type == "cpu"  # numpy-backed tensors need no move
         self._compute_dtype = (
             getattr(torch, self.plan.compute_dtype) if self.plan.compute_dtype else None
         )
@@ -166,7 +167,7 @@ class ModelRunner:
 
     def _torch_call(self, inputs: Arrays) -> Arrays:
         rows = inputs[0].shape[0]
-        run_rows = padded_rows(rows, self.plan.pad_to_buckets)
+        run_rows = padded_rows(rows, self.plan.pad_to_buckets) if self.plan.pad_to_buckets else rows
         with torch.inference_mode():
             tensors = [
                 self._to_device(array, spec, run_rows)
@@ -189,7 +190,7 @@ class ModelRunner:
             tensor = torch.cat((tensor, padding))
         if self.plan.pinned_memory:
             tensor = self._stage_pinned(tensor)
-        if tensor.device != self._device:
+        if not self._on_cpu:  # from numpy (or the pinned staging buffer): on the CPU
             tensor = tensor.to(self._device, non_blocking=True)
         if self._compute_dtype is not None and tensor.is_floating_point():
             tensor = tensor.to(self._compute_dtype)
@@ -225,7 +226,10 @@ class ModelRunner:
             )
         arrays = []
         for spec, tensor in zip(specs, produced, strict=True):
-            arrays.append(_tensor_to_numpy(tensor[:rows], spec))
+            # rows beyond the request's are padding (a warmed batch size); slicing costs
+            # more than it looks, so only when there are some
+            kept = tensor if tensor.shape[0] == rows else tensor[:rows]
+            arrays.append(_tensor_to_numpy(kept, spec))
         return arrays
 
 
@@ -238,7 +242,10 @@ def _tensor_to_numpy(tensor: torch.Tensor, spec: TensorSpec) -> npt.NDArray[Any]
                 f"{spec.datatype}"
             )
         tensor = tensor.to(want)
-    tensor = tensor.detach().cpu()
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
     if spec.datatype == "BF16":
         return tensor.view(torch.int16).numpy().view(np.uint16)
     return tensor.numpy()

@@ -8,6 +8,7 @@ at once; accepted requests finish within the drain deadline; then the process ex
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -85,6 +86,7 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
             exit_code = 1
         else:
             log.info("ready: warm-up took %.3f s", dataplane.warmup_seconds or 0.0)
+            freeze_startup_objects()
             await stopping
         dataplane.begin_drain()
         log.info("draining: not ready; %d request(s) in flight", dataplane.inflight)
@@ -105,6 +107,17 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
             loop.remove_signal_handler(sig)
     log.info("stopped")
     return exit_code
+
+
+def freeze_startup_objects() -> None:
+    """Exempt what start-up created (torch, the model, the libraries) from garbage collection.
+
+    Those objects live as long as the process. Left to the collector, every full collection
+    walks all of them (about 200 000 with torch loaded; tens of milliseconds during which the
+    event loop answers no one); frozen, a full collection walks only what requests allocate.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def default_torch_threads() -> int:

@@ -21,6 +21,7 @@ from kiln_runtime.protocol.types import (
     InferRequest,
     InferResponse,
     RequestedOutput,
+    Tensor,
     tensor_from_buffer,
     tensor_from_flat,
 )
@@ -40,36 +41,27 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 
 def decode_infer(message: Any, max_bytes: int) -> InferRequest:
     raw_contents = message.raw_input_contents
-    if sum(len(raw) for raw in raw_contents) > max_bytes:
-        raise errors.invalid(f"request tensors exceed the limit of {max_bytes} bytes")
-    if raw_contents and len(raw_contents) != len(message.inputs):
-        raise errors.invalid(
-            f"{len(raw_contents)} raw_input_contents for {len(message.inputs)} inputs"
-        )
+    tensors = message.inputs  # each protobuf field access builds a wrapper: read them once
     inputs = []
-    for index, tensor in enumerate(message.inputs):
-        shape = list(tensor.shape)
-        if raw_contents:
-            inputs.append(
-                tensor_from_buffer(
-                    tensor.name, tensor.datatype, shape, memoryview(raw_contents[index])
-                )
-            )
-            continue
-        field = _CONTENTS_FIELD.get(tensor.datatype)
-        if field is None:
+    if raw_contents:
+        total = 0
+        for raw in raw_contents:
+            total += len(raw)
+        if total > max_bytes:
+            raise errors.invalid(f"request tensors exceed the limit of {max_bytes} bytes")
+        if len(raw_contents) != len(tensors):
             raise errors.invalid(
-                f"input '{tensor.name}': send {tensor.datatype} data in raw_input_contents"
+                f"{len(raw_contents)} raw_input_contents for {len(tensors)} inputs"
             )
-        values = getattr(tensor.contents, field)
-        try:
-            flat = from_json_values(np.asarray(values), tensor.datatype)
-        except (ValueError, TypeError, OverflowError) as error:
-            raise errors.invalid(f"input '{tensor.name}': bad contents: {error}") from None
-        inputs.append(tensor_from_flat(tensor.name, tensor.datatype, shape, flat))
+        for tensor, raw in zip(tensors, raw_contents, strict=True):
+            inputs.append(tensor_from_buffer(tensor.name, tensor.datatype, list(tensor.shape), raw))
+    else:
+        for tensor in tensors:
+            inputs.append(_typed_tensor(tensor))
     timeout = None
-    if "timeout" in message.parameters:
-        micros = message.parameters["timeout"].int64_param
+    parameters = message.parameters
+    if "timeout" in parameters:
+        micros = parameters["timeout"].int64_param
         if micros <= 0:
             raise errors.invalid(f"parameter 'timeout' must be positive microseconds: {micros}")
         timeout = micros / 1e6
@@ -81,6 +73,21 @@ def decode_infer(message: Any, max_bytes: int) -> InferRequest:
         outputs=[RequestedOutput(o.name) for o in message.outputs],
         timeout_seconds=timeout,
     )
+
+
+def _typed_tensor(tensor: Any) -> Tensor:
+    """An input sent in typed ``contents`` rather than raw bytes."""
+    field = _CONTENTS_FIELD.get(tensor.datatype)
+    if field is None:
+        raise errors.invalid(
+            f"input '{tensor.name}': send {tensor.datatype} data in raw_input_contents"
+        )
+    values = getattr(tensor.contents, field)
+    try:
+        flat = from_json_values(np.asarray(values), tensor.datatype)
+    except (ValueError, TypeError, OverflowError) as error:
+        raise errors.invalid(f"input '{tensor.name}': bad contents: {error}") from None
+    return tensor_from_flat(tensor.name, tensor.datatype, list(tensor.shape), flat)
 
 
 def encode_infer(response: InferResponse) -> Any:

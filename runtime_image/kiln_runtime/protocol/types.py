@@ -6,6 +6,7 @@ protocol datatype (see ``kiln_runtime.datatypes``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +62,7 @@ def tensor_from_buffer(
     """A tensor viewing ``raw`` (no copy) after checking its size against shape and datatype."""
     dtype = _dtype(name, datatype)
     dims = _dims(name, shape)
-    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(dims) * dtype.itemsize  # exact (np.prod costs more than the view)
     if len(raw) != expected:
         raise errors.invalid(
             f"input '{name}': {len(raw)} bytes of data for shape {dims} of {datatype} "
@@ -73,7 +74,7 @@ def tensor_from_buffer(
 def tensor_from_flat(name: str, datatype: str, shape: list[int], flat: npt.NDArray[Any]) -> Tensor:
     dims = _dims(name, shape)
     _dtype(name, datatype)
-    count = int(np.prod(dims, dtype=np.int64))
+    count = math.prod(dims)
     if flat.size != count:
         raise errors.invalid(
             f"input '{name}': {flat.size} values for shape {dims} (expected {count})"
@@ -91,6 +92,12 @@ def _dtype(name: str, datatype: str) -> np.dtype[Any]:
 
 
 def _dims(name: str, shape: Any) -> list[int]:
+    if type(shape) is list or type(shape) is tuple:
+        for d in shape:  # the common case, plain ints (not bool, whose type is bool)
+            if type(d) is not int or d < 0:
+                break
+        else:
+            return list(shape)
     if not isinstance(shape, list | tuple) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):

@@ -231,3 +231,28 @@ async def test_the_wait_cap_bounds_queueing_at_high_load() -> None:
     assert asyncio.get_running_loop().time() - started < 1.0
     assert max(recorder.waits) < 1.0
     await batcher.stop()
+
+
+async def test_an_item_arriving_while_a_batch_fills_joins_it() -> None:
+    batcher, recorder = make(doubled, max_rows=4, delay=5.0)
+    await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(4)))  # batches of 4 now
+    await asyncio.sleep(0.2)  # a gap: the policy expects the next three ~40 ms apart
+    first = asyncio.ensure_future(batcher.submit(10, rows=1))
+    await asyncio.sleep(0.01)  # the batcher waits for company (~120 ms, capped at 5 s)
+    assert not first.done()
+    rest = [asyncio.ensure_future(batcher.submit(i, rows=1)) for i in (11, 12, 13)]
+    async with asyncio.timeout(2):
+        assert await first == 20
+        assert [await r for r in rest] == [22, 24, 26]
+    assert recorder.batches == [4, 4]
+    await batcher.stop()
+
+
+async def test_a_batch_that_does_not_fill_leaves_when_its_wait_is_up() -> None:
+    batcher, recorder = make(doubled, max_rows=8, delay=0.02)
+    await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(8)))
+    started = time.monotonic()
+    assert await batcher.submit(5, rows=1) == 10  # alone: waits at most the 20 ms cap
+    assert time.monotonic() - started < 1.0
+    assert recorder.batches == [8, 1]
+    await batcher.stop()

@@ -161,3 +161,28 @@ async def test_a_model_returning_wrong_rows_fails_the_batch_not_the_server() -> 
         await dp.infer(request())
     assert failure.value.kind is errors.ErrorKind.INTERNAL
     await dp.stop()
+
+
+async def test_inputs_in_another_order_are_matched_by_name_and_duplicates_refused() -> None:
+    dp, _ = await started()
+    a, b = request(rows=2).inputs
+    response = await dp.infer(InferRequest("adder", [b, a]))
+    np.testing.assert_array_equal(response.outputs[0].data, 1 + np.arange(8).reshape(2, 4))
+    with pytest.raises(errors.InferError, match="more than once"):
+        await dp.infer(InferRequest("adder", [a, a, b]))
+    await dp.stop()
+
+
+async def test_the_inflight_gauge_is_read_when_scraped() -> None:
+    dp, _ = await started()
+    dp.request_started()
+    dp.request_started()
+    assert (
+        'kiln_inflight_requests{model="adder"} 2.0' in generate_latest(dp.metrics.registry).decode()
+    )
+    dp.request_finished("http", "ok", 0.001)
+    dp.request_finished("http", "ok", 0.001)
+    assert (
+        'kiln_inflight_requests{model="adder"} 0.0' in generate_latest(dp.metrics.registry).decode()
+    )
+    await dp.stop()
