@@ -216,6 +216,10 @@ class LocalCluster:
                 f"--service-account-key-file={material.service_account_pub}",
                 f"--service-account-signing-key-file={material.service_account_key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
+                # Allocate cluster IPs only through IPAddress objects (the default from 1.34):
+                # 1.33 still also updates the legacy bitmap, one etcd key rewritten per Service,
+                # which makes Service creation crawl when hundreds are created at once.
+                "--feature-gates=DisableAllocatorDualWrite=true",
                 f"--audit-policy-file={_PACKAGE / 'audit-policy.yaml'}",
                 f"--audit-log-path={audit_log}",
                 "--audit-log-format=json",
@@ -239,7 +243,11 @@ class LocalCluster:
                     "--bind-address=127.0.0.1",
                     "--secure-port=0",
                     "--leader-elect=false",
-                    "--controllers=*",
+                    # Without the ServiceCIDR controller: it rewrites the default ServiceCIDR's
+                    # status for every allocated cluster IP, and the API server then rebuilds
+                    # its IP allocator each time, stalling Service creation when hundreds are
+                    # created at once. The local cluster has one fixed ServiceCIDR.
+                    "--controllers=*,-service-cidr-controller",
                     "--use-service-account-credentials=true",
                     f"--service-account-private-key-file={material.service_account_key}",
                     f"--root-ca-file={material.ca_cert}",

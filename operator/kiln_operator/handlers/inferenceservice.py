@@ -2,27 +2,34 @@
 
 Level-based, as controller-runtime: every watch event of an InferenceService (the initial
 listing after a start included), every change to a child Deployment, Service or
-PodDisruptionBudget, and the periodic resync timer run the same reconcile; a failed one is
-queued again with backoff (`Requeue`). No create/update handlers: kopf would keep a copy of
-every spec in an annotation (a write per change, and a deep copy per event) to tell the two
-apart, and a level-based reconcile needs no such difference. Every watch event of these kinds
-also feeds the operator's ObjectCache, from which the reconcile loop, the autoscaler and the
-warm-up gate read. Settings (peering, posting) are set at start-up here too.
+PodDisruptionBudget, and the periodic resync timer queue the same reconcile in a `WorkQueue`,
+whose workers run it (a failed one again, with backoff). The handlers return at once, so kopf
+never holds a backlog of events. No create/update handlers: kopf would keep a copy of every
+spec in an annotation (a write per change, and a deep copy per event) to tell the two apart,
+and a level-based reconcile needs no such difference. Every watch event of these kinds also
+feeds the operator's ObjectCache, from which the reconcile loop, the autoscaler and the warm-up
+gate read. Settings (peering, posting) are set at start-up here too.
 """
 
 import logging
 import os
-from typing import Any, cast
+from typing import Any
 
 import kopf
 
 from kiln_operator import constants
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import KubeClient, load_configuration
+from kiln_operator.k8s.events import post_event
 from kiln_operator.k8s.peering import ensure_peering_object
 from kiln_operator.k8s.reconciler import Outcome, Reconciler
-from kiln_operator.k8s.requeue import Requeue
+from kiln_operator.k8s.workqueue import Request, WorkQueue
 
+RECONCILE_WORKERS = int(os.environ.get("KILN_RECONCILE_WORKERS", "64"))
+"""Reconciles running at once (controller-runtime's MaxConcurrentReconciles). Most of a new
+service's reconcile waits for its Service's cluster IP (seconds when many are allocated at
+once), so this is wider than the API server's CPUs alone would need; the API connection pool
+matches it."""
 RESYNC_SECONDS = float(os.environ.get("KILN_RESYNC_SECONDS", "300"))
 """How often every InferenceService is reconciled without a trigger (drift the watch missed)."""
 PEERING_LIFETIME_SECONDS = int(os.environ.get("KILN_PEERING_LIFETIME_SECONDS", "60"))
@@ -50,10 +57,14 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     memo.cache = ObjectCache()
     memo.reconciler = Reconciler(memo.reconcile_kube, memo.cache)
 
-    async def retry(namespace: str, name: str) -> None:
-        await _reconcile(memo, namespace, name, logger, trigger="retry")
+    async def reconcile(namespace: str, name: str, request: Request) -> None:
+        outcome = await memo.reconciler.reconcile(namespace, name, fresh=request.fresh)
+        await _announce(memo.reconcile_kube, outcome, request.trigger)
+        if request.trigger == "resync":
+            logger.info("resynced %s/%s", namespace, name)
 
-    memo.requeue = Requeue(retry)
+    memo.workqueue = WorkQueue(reconcile, workers=RECONCILE_WORKERS)
+    memo.workqueue.start()
     if not settings.peering.standalone:
         scopes: list[str | None] = list(memo.get("namespaces") or []) or [None]
         for scope in scopes:
@@ -65,8 +76,8 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
 
 @kopf.on.cleanup()
 async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop pending retries, close the API connections."""
-    await memo.requeue.close()
+    """Stop the reconcile workers, close the API connections."""
+    await memo.workqueue.close()
     await memo.kube.close()
     await memo.reconcile_kube.close()
 
@@ -77,37 +88,14 @@ def _namespaced(namespace: str | None) -> str:
     return namespace
 
 
-def _announce(outcome: Outcome, logger: kopf.Logger | logging.Logger, trigger: str) -> None:
+async def _announce(kube: KubeClient, outcome: Outcome, trigger: str) -> None:
     """Log each write with what triggered it (the benchmark counts the resync's), post events."""
     for line in outcome.writes:
         logger.info(f"{line} [{trigger}]")
     for event in outcome.events:
-        kopf.event(
-            kopf.Body(cast(kopf.RawBody, outcome.body)),
-            type=event.type,
-            reason=event.reason,
-            message=event.message,
+        await post_event(
+            kube, outcome.body, type=event.type, reason=event.reason, message=event.message
         )
-
-
-async def _reconcile(
-    memo: Any,
-    namespace: str,
-    name: str,
-    logger: kopf.Logger | logging.Logger,
-    *,
-    trigger: str,
-    fresh: bool = False,
-) -> None:
-    """Reconcile one InferenceService; on an error, log it and queue a retry with backoff."""
-    try:
-        outcome = await memo.reconciler.reconcile(namespace, name, fresh=fresh)
-    except Exception as error:
-        delay = memo.requeue.failed(namespace, name)
-        logger.warning(f"reconcile of {namespace}/{name} failed ({error}); retry in {delay:g} s")
-        return
-    memo.requeue.succeeded(namespace, name)
-    _announce(outcome, logger, trigger)
 
 
 @kopf.on.event(constants.GROUP, constants.VERSION, constants.PLURAL)
@@ -119,24 +107,23 @@ async def inferenceservice_event(
     name: str,
     meta: kopf.Meta,
     memo: Any,
-    logger: kopf.Logger,
     **_: Any,
 ) -> None:
-    """Cache the newest copy and reconcile, unless the event only echoes the reconcile loop's
-    own status write. The initial listing after a start (type None) reads the API server: the
-    child watches may not have delivered the children yet."""
+    """Cache the newest copy and queue a reconcile, unless the event only echoes the reconcile
+    loop's own status write. The initial listing after a start (type None) reads the API
+    server: the child watches may not have delivered the children yet."""
     memo.cache.observe(constants.PLURAL, type, body)
     ns = _namespaced(namespace)
     if type == "DELETED" or meta.get("deletionTimestamp"):
         memo.reconciler.forget(ns, name)  # the garbage collector removes the children
-        memo.requeue.succeeded(ns, name)
+        memo.workqueue.forget(ns, name)
         return
     if type is not None and memo.reconciler.is_own_write(
         constants.PLURAL, ns, name, meta.get("resourceVersion")
     ):
         return
     trigger = "listing" if type is None else "spec"
-    await _reconcile(memo, ns, name, logger, trigger=trigger, fresh=type is None)
+    memo.workqueue.add(ns, name, trigger=trigger, fresh=type is None)
 
 
 @kopf.timer(
@@ -146,11 +133,9 @@ async def inferenceservice_event(
     interval=RESYNC_SECONDS,
     initial_delay=RESYNC_SECONDS,
 )
-async def inferenceservice_resync(
-    namespace: str | None, name: str, memo: Any, logger: kopf.Logger, **_: Any
-) -> None:
+async def inferenceservice_resync(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
     """Periodic resync from the API server: converged objects cause no writes."""
-    await _reconcile(memo, _namespaced(namespace), name, logger, trigger="resync", fresh=True)
+    memo.workqueue.add(_namespaced(namespace), name, trigger="resync", fresh=True)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
@@ -166,11 +151,10 @@ async def child_changed(
     body: kopf.Body,
     resource: kopf.Resource,
     memo: Any,
-    logger: kopf.Logger,
     **_: Any,
 ) -> None:
-    """A child changed (rollout progress, drift, deletion): cache it and reconcile its
-    InferenceService, unless the event only echoes the operator's own write."""
+    """A child changed (rollout progress, drift, deletion): cache it and queue a reconcile of
+    its InferenceService, unless the event only echoes the operator's own write."""
     memo.cache.observe(resource.plural, type, body)
     parent = labels.get(constants.LABEL_INFERENCESERVICE)
     if not parent:
@@ -180,4 +164,4 @@ async def child_changed(
     )
     if echo and type != "DELETED":
         return
-    await _reconcile(memo, _namespaced(namespace), parent, logger, trigger="child")
+    memo.workqueue.add(_namespaced(namespace), parent, trigger="child")

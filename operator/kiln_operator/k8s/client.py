@@ -50,7 +50,7 @@ async def load_configuration(kubeconfig: str | None = None) -> client.Configurat
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    configuration.connection_pool_maxsize = 32
+    configuration.connection_pool_maxsize = 64
     return configuration
 
 

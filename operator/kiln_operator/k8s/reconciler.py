@@ -124,7 +124,8 @@ class Reconciler:
         """Bring one InferenceService's children and status in line with its spec.
 
         Reads come from the cache unless `fresh` (the resync), which reads the API server.
-        Runs at most one reconcile per object at a time, each on the newest copy of the object.
+        Runs at most one reconcile per object at a time, each on the newest copy of the object
+        (read once it runs).
         Callers arriving while one of the same scope is already queued share it instead of
         queueing another (it will read their change too); they get its outcome without its
         writes and events, so each event is posted once.

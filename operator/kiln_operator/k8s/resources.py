@@ -27,6 +27,7 @@ class Resource:
 DEPLOYMENTS = Resource("apps", "v1", "deployments")
 SERVICES = Resource("", "v1", "services")
 PODS = Resource("", "v1", "pods")
+EVENTS = Resource("", "v1", "events")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets")
 SERVICE_MONITORS = Resource(
     service_monitor.SERVICE_MONITOR_GROUP,

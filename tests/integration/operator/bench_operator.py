@@ -26,7 +26,7 @@ from typing import Any
 from kiln_localcluster.cluster import LocalCluster
 from kiln_localcluster.waiting import wait_for
 from kiln_operator.k8s.client import KubeClient, load_configuration
-from kiln_operator.k8s.resources import INFERENCE_SERVICES
+from kiln_operator.k8s.resources import DEPLOYMENTS, INFERENCE_SERVICES, SERVICES
 from tests.integration.conftest import REPO, Cluster
 from tests.integration.operator.conftest import AuditLog, OperatorProcess, pending_service
 
@@ -34,8 +34,8 @@ TARGET_SECONDS_1000 = 60.0
 TARGET_RSS_MB = 300.0
 CREATE_CONCURRENCY = 64
 QUIET_SECONDS = 10.0
-RESYNC_SECONDS = 30.0
-"""Long enough that no resync starts while the services are still converging."""
+RESYNC_SECONDS = 300.0
+"""The operator's default: no resync (which reads the API server) starts while converging."""
 
 
 def free_port() -> int:
@@ -100,34 +100,36 @@ async def create_all(cluster: Cluster, namespace: str, manifests: list[dict[str,
         await asyncio.gather(*(create(m) for m in manifests))
 
 
-def converged(cluster: Cluster, namespace: str, count: int) -> bool:
-    """Every child exists and every status is written and reflects its Deployment's status as
-    the Deployment controller last reported it."""
-    written = cluster.kubectl(
-        "get", "inferenceservices", "-n", namespace, "-o",
-        "jsonpath={range .items[*]}{.status.observedGeneration}{'\\n'}{end}",
-    ).stdout.split()  # fmt: skip
-    if len(written) != count:  # cheap first: not every status is written yet
-        return False
-    services = cluster.get_json("inferenceservices", "-n", namespace)["items"]
-    deployments = {
-        d["metadata"]["name"]: d for d in cluster.get_json("deployments", "-n", namespace)["items"]
-    }
-    svcs = cluster.kubectl("get", "services", "-n", namespace, "-o", "name").stdout
-    if len(services) != count or len(deployments) != count or len(svcs.split()) != count:
-        return False
+async def _convergence(kubeconfig: str, namespace: str, count: int) -> tuple[bool, bool]:
+    async with KubeClient(await load_configuration(kubeconfig), component="bench") as kube:
+        services = await kube.list(INFERENCE_SERVICES, namespace)
+        if len(services) != count or any(
+            (s.get("status") or {}).get("observedGeneration") != s["metadata"]["generation"]
+            for s in services
+        ):
+            return False, False
+        deployments = {d["metadata"]["name"]: d for d in await kube.list(DEPLOYMENTS, namespace)}
+        if len(deployments) != count or len(await kube.list(SERVICES, namespace)) != count:
+            return False, False
     for service in services:
         status = service.get("status") or {}
         deployment = deployments[service["metadata"]["name"]]
         reported = deployment.get("status") or {}
         if (
-            not status.get("observedGeneration")
-            or reported.get("observedGeneration") != deployment["metadata"]["generation"]
+            reported.get("observedGeneration") != deployment["metadata"]["generation"]
             or status.get("replicas") != int(reported.get("replicas") or 0)
             or status.get("updatedReplicas") != int(reported.get("updatedReplicas") or 0)
         ):
-            return False
-    return True
+            return True, False
+    return True, True
+
+
+def convergence(cluster: Cluster, namespace: str, count: int) -> tuple[bool, bool]:
+    """(written, settled). Written: every child exists and every status is written for the
+    current generation (the issue's definition). Settled: moreover every status reflects its
+    Deployment as the Deployment controller last reported it, which waits for the
+    controller-manager to create every ReplicaSet and Pod and report on them."""
+    return asyncio.run(_convergence(str(cluster.kubeconfig), namespace, count))
 
 
 def run_one(cluster: Cluster, count: int, work: Path, reconcile_only: bool) -> dict[str, Any]:
@@ -152,7 +154,7 @@ def run_one(cluster: Cluster, count: int, work: Path, reconcile_only: bool) -> d
         # a sentinel proves the operator's watches are up before the clock starts
         asyncio.run(create_all(cluster, namespace, [pending_service("sentinel")]))
         wait_for(
-            lambda: converged(cluster, namespace, 1),
+            lambda: convergence(cluster, namespace, 1)[1],
             timeout=120,
             interval=0.5,
             description="the sentinel service converged",
@@ -163,10 +165,18 @@ def run_one(cluster: Cluster, count: int, work: Path, reconcile_only: bool) -> d
         started = time.monotonic()
         asyncio.run(create_all(cluster, namespace, manifests))
         applied = time.monotonic() - started
+        written_at: list[float] = []
+
+        def settled() -> bool:
+            written, done = convergence(cluster, namespace, count + 1)
+            if written and not written_at:
+                written_at.append(time.monotonic() - started)
+            return done
+
         wait_for(
-            lambda: converged(cluster, namespace, count + 1),
+            settled,
             timeout=900,
-            interval=max(0.5, count / 250),
+            interval=1.0,
             description=f"{count} services converged",
         )
         converge_seconds = time.monotonic() - started
@@ -182,12 +192,9 @@ def run_one(cluster: Cluster, count: int, work: Path, reconcile_only: bool) -> d
         )
         mark = audit.mark()
         resync_writes_before = len(RESYNC_WRITE_LOG.findall(operator.output()))
-        timers_before = operator.output().count("Timer 'inferenceservice_resync' succeeded")
+        timers_before = operator.output().count(" resynced ")
         wait_for(
-            lambda: (
-                operator.output().count("Timer 'inferenceservice_resync' succeeded")
-                >= timers_before + count + 1
-            ),
+            lambda: operator.output().count(" resynced ") >= timers_before + count + 1,
             timeout=RESYNC_SECONDS * 4 + count / 10,
             interval=1,
             description="a resync of every object",
@@ -204,6 +211,7 @@ def run_one(cluster: Cluster, count: int, work: Path, reconcile_only: bool) -> d
         "count": count,
         "operator": "reconcile loop only" if reconcile_only else "whole operator",
         "apply_seconds": round(applied, 1),
+        "written_seconds": round(written_at[0], 1),
         "converge_seconds": round(converge_seconds, 1),
         "peak_rss_mb": round(rss, 1),
         "operator_cpu_seconds": round(converge_cpu, 1),
@@ -218,58 +226,65 @@ def report(results: list[dict[str, Any]]) -> str:
     lines = [
         "# Operator benchmark",
         "",
-        "Generated by `make bench-operator` (`tests/integration/operator/bench_operator.py`).",
+        "Generated by `make bench-operator` (`tests/integration/operator/bench_operator.py`); raw "
+        "numbers in `operator.json`. Do not edit by hand: re-run the benchmark.",
         "",
         f"- When: {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- Machine: {os.cpu_count()} CPUs ({platform.machine()}), shared by the local control "
         "plane (etcd, kube-apiserver, controller-manager, scheduler, kwok) and the operator",
         "- Cluster: the local control plane, 4 kwok GPU nodes x 8 GPUs",
         "- Workload: N copies of `manifests/samples/cpu-test.yaml` (1 replica each) created at "
-        f"once ({CREATE_CONCURRENCY} POSTs in flight); one operator process (standalone) "
-        "serving the namespace. Their pods stay "
-        "Pending (every node carries the GPU taint), so no runtime process competes for the CPUs: "
-        "the numbers are the operator's and the control plane's",
-        "- Converged: every InferenceService has a written status (observedGeneration) and its "
-        "Deployment and Service exist. Time counted from the first POST.",
-        "- Writes per resync: the operator's create/update/patch/delete requests in the audit "
-        f"log while every converged object was reconciled once more by the resync timer (after "
-        f"{QUIET_SECONDS:.0f} s without any reconcile write, so trailing events have settled): "
-        "the reconcile loop's own writes (it logs each one), and every write by the operator "
-        "process in the audit log, which includes the autoscaler's status.autoscaling updates "
-        "(its own concern, issue 4). Writes of the reconcile loop are counted when a resync "
-        "made them (the operator tags each write it logs with its trigger).",
+        f"once ({CREATE_CONCURRENCY} POSTs in flight) into a fresh namespace served by one "
+        "operator process (standalone). Their pods stay Pending (every node carries the GPU "
+        "taint), so no runtime process competes for the CPUs. A sentinel InferenceService "
+        "converges first, so the clock starts with the watches up.",
+        "- Written (the target's definition): every Deployment and Service exists and every "
+        "InferenceService has a status written for its current generation. Time from the first "
+        "POST.",
+        "- Settled: moreover every status reflects its Deployment as the Deployment controller "
+        "last reported it; this waits for kube-controller-manager to create 1 ReplicaSet and 1 "
+        "Pod per service and report on them, work that is not the operator's.",
+        "- Peak RSS: the operator process's VmHWM. Operator CPU: its user+system time from the "
+        "first POST until settled.",
+        f"- Writes per resync: after {QUIET_SECONDS:.0f} s without any reconcile write, every "
+        "object is reconciled once more by the resync timer (from the API server, not the "
+        "cache); counted are the writes those reconciles made (the operator tags each write it "
+        "logs with its trigger) and every write of the operator process in the API server's "
+        "audit log meanwhile (the autoscaler's included).",
         "",
-        "| operator | InferenceServices | all created (s) | converged (s) | operator CPU (s) | "
-        "load average (start, end) | peak RSS (MB) | reconcile writes per resync | "
-        "all operator writes meanwhile |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| operator | InferenceServices | all created (s) | written (s) | settled (s) | "
+        "operator CPU (s) | load average (start, end) | peak RSS (MB) | "
+        "reconcile writes per resync | all operator writes meanwhile |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(
-            f"| {r['operator']} | {r['count']} | {r['apply_seconds']} | {r['converge_seconds']} | "
+            f"| {r['operator']} | {r['count']} | {r['apply_seconds']} | "
+            f"{r.get('written_seconds', '-')} | {r['converge_seconds']} | "
             f"{r['operator_cpu_seconds']} | {r['load_average'][0]}, {r['load_average'][1]} | "
             f"{r['peak_rss_mb']} | {r['writes_per_resync']} | "
             f"{r['all_operator_writes_during_resync']} |"
         )
     lines += [
         "",
-        "Targets: 1000 converged in <= 60 s; peak RSS <= 300 MB; 0 writes per resync.",
+        f"Targets: 1000 written in <= {TARGET_SECONDS_1000:.0f} s; peak RSS <= "
+        f"{TARGET_RSS_MB:.0f} MB; 0 writes per converged resync.",
         "",
     ]
-    verdicts = []
     for r in results:
-        if r["count"] == 1000:
-            verdicts.append(
-                f"- {r['operator']}, 1000 converged in {r['converge_seconds']} s: "
-                + ("met" if r["converge_seconds"] <= TARGET_SECONDS_1000 else "**missed**")
+        written = r.get("written_seconds")
+        if r["count"] == 1000 and written is not None:
+            lines.append(
+                f"- {r['operator']}, 1000 written in {written} s: "
+                + ("met" if written <= TARGET_SECONDS_1000 else "**missed**")
             )
-        verdicts.append(
+        lines.append(
             f"- {r['operator']}, {r['count']}: peak RSS {r['peak_rss_mb']} MB "
             + ("met" if r["peak_rss_mb"] <= TARGET_RSS_MB else "**missed**")
             + f"; writes per resync {r['writes_per_resync']} "
             + ("met" if r["writes_per_resync"] == 0 else "**missed**")
         )
-    return "\n".join(lines + verdicts) + "\n"
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

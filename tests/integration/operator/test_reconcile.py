@@ -165,7 +165,7 @@ def test_converged_objects_cause_zero_writes_across_resyncs_and_restarts(
 
 
 def _resyncs(process: OperatorProcess) -> int:
-    return process.output().count("Timer 'inferenceservice_resync' succeeded")
+    return process.output().count(" resynced ")
 
 
 def test_drift_on_children_is_reverted_but_replicas_are_left_alone(
