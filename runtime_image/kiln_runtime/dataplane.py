@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 INLINE_BELOW_SECONDS = 0.001
 
 Arrays = list[npt.NDArray[Any]]
+T = TypeVar("T")
 
 
 class Model(Protocol):
@@ -159,6 +160,33 @@ class DataPlane:
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         self.metrics.stage[stage].observe(seconds)
+
+    async def handle(
+        self,
+        protocol: str,
+        decode: Callable[[], InferRequest],
+        encode: Callable[[InferResponse], T],
+    ) -> T:
+        """One infer request as both protocols serve it: decode, infer, encode, each stage
+        timed, the request counted under its outcome. An ``InferError`` is counted under its
+        code and raised again for the adapter to answer in its protocol's terms."""
+        started = time.perf_counter()
+        code = errors.OK_METRIC_CODE
+        self.request_started()
+        try:
+            request = decode()
+            decoded = time.perf_counter()
+            self.observe_stage("decode", decoded - started)
+            response = await self.infer(request)
+            encode_started = time.perf_counter()
+            encoded = encode(response)
+            self.observe_stage("encode", time.perf_counter() - encode_started)
+            return encoded
+        except errors.InferError as error:
+            code = error.kind.mapping.metric_code
+            raise
+        finally:
+            self.request_finished(protocol, code, time.perf_counter() - started)
 
     # ---------------------------------------------------------------- model queries
 

@@ -7,7 +7,6 @@ and are viewed without copies; typed ``contents`` are accepted too.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import grpc
@@ -168,30 +167,19 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return service_pb2.ModelConfigResponse(config=config)
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        dp = self.dataplane
-        started = time.perf_counter()
-        code = errors.OK_METRIC_CODE
-        dp.request_started()
-        try:
+        def decode() -> InferRequest:
             infer_request = decode_infer(request, self.max_bytes)
             remaining = context.time_remaining()
             if remaining is not None:
                 infer_request.timeout_seconds = min(
                     remaining, infer_request.timeout_seconds or remaining
                 )
-            decoded = time.perf_counter()
-            dp.observe_stage("decode", decoded - started)
-            response = await dp.infer(infer_request)
-            encode_started = time.perf_counter()
-            message = encode_infer(response)
-            dp.observe_stage("encode", time.perf_counter() - encode_started)
-            return message
+            return infer_request
+
+        try:
+            return await self.dataplane.handle("grpc", decode, encode_infer)
         except errors.InferError as error:
-            code = error.kind.mapping.metric_code
-            failure = error
-        finally:
-            dp.request_finished("grpc", code, time.perf_counter() - started)
-        await _abort(context, failure)
+            await _abort(context, error)
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: errors.InferError) -> Any:

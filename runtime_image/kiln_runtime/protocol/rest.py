@@ -8,7 +8,6 @@ sockets (``httpserver`` does). Tensors sent with the binary extension
 from __future__ import annotations
 
 import json
-import time
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -95,27 +94,16 @@ class RestAdapter:
     async def _infer(
         self, model_parts: list[str], headers: dict[str, str], body: bytes
     ) -> HttpResponse:
-        dp = self.dataplane
-        started = time.perf_counter()
-        code = errors.OK_METRIC_CODE
-        dp.request_started()
-        try:
+        def decode() -> InferRequest:
             name, version, tail = _model_path(model_parts)
             if tail:
                 raise errors.not_found(f"no route for model path {'/'.join(model_parts)}")
-            request = decode_infer(name, version, headers, body, self.max_body)
-            decoded = time.perf_counter()
-            dp.observe_stage("decode", decoded - started)
-            response = await dp.infer(request)
-            encode_started = time.perf_counter()
-            http = encode_infer(response)
-            dp.observe_stage("encode", time.perf_counter() - encode_started)
-            return http
+            return decode_infer(name, version, headers, body, self.max_body)
+
+        try:
+            return await self.dataplane.handle("http", decode, encode_infer)
         except errors.InferError as error:
-            code = error.kind.mapping.metric_code
             return error_response(error)
-        finally:
-            dp.request_finished("http", code, time.perf_counter() - started)
 
 
 def _model_path(parts: list[str]) -> tuple[str, str, list[str]]:
