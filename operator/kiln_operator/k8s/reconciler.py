@@ -74,7 +74,6 @@ class Reconciler:
         self._kube = kube
         self._cache = cache
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._queued: dict[tuple[str, str, bool], asyncio.Future[Outcome]] = {}
         self._written: dict[tuple[str, str, str], str] = {}
         self._service_monitors: tuple[float, bool] | None = None
 
@@ -124,32 +123,12 @@ class Reconciler:
         """Bring one InferenceService's children and status in line with its spec.
 
         Reads come from the cache unless `fresh` (the resync), which reads the API server.
-        Runs at most one reconcile per object at a time, each on the newest copy of the object
-        (read once it runs).
-        Callers arriving while one of the same scope is already queued share it instead of
-        queueing another (it will read their change too); they get its outcome without its
-        writes and events, so each event is posted once.
+        One reconcile per object at a time, each on the newest copy of the object (read once it
+        runs). The operator's work queue already runs one per object and drops duplicate
+        triggers; the lock keeps direct callers just as safe.
         """
-        key = (namespace, name, fresh)
-        queued = self._queued.get(key)
-        if queued is not None:
-            shared = await asyncio.shield(queued)
-            return Outcome(body=shared.body, spec_error=shared.spec_error)
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(_mark_retrieved)
-        self._queued[key] = future
-        try:
-            async with self._locks.setdefault((namespace, name), asyncio.Lock()):
-                if self._queued.get(key) is future:
-                    del self._queued[key]
-                outcome = await self._reconcile_now(namespace, name, fresh)
-        except BaseException as error:
-            if self._queued.get(key) is future:
-                del self._queued[key]
-            future.set_exception(error)
-            raise
-        future.set_result(outcome)
-        return outcome
+        async with self._locks.setdefault((namespace, name), asyncio.Lock()):
+            return await self._reconcile_now(namespace, name, fresh)
 
     async def _reconcile_now(self, namespace: str, name: str, fresh: bool) -> Outcome:
         body = await self._read(INFERENCE_SERVICES, namespace, name, fresh)
@@ -308,12 +287,6 @@ class Reconciler:
         await self._kube.delete(resource, owner.namespace, owner.name, live["metadata"]["uid"])
         self._cache.forget(resource.plural, owner.namespace, owner.name)
         outcome.writes.append(f"deleted {resource.plural} {owner.namespace}/{owner.name}")
-
-
-def _mark_retrieved(future: "asyncio.Future[Outcome]") -> None:
-    """Nobody may be waiting on a shared reconcile; its error is raised to its own caller."""
-    if not future.cancelled():
-        future.exception()
 
 
 def _owned_by(child: Manifest, owner: Owner) -> bool:

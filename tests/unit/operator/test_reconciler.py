@@ -244,7 +244,7 @@ async def test_a_pdb_is_removed_when_one_replica_is_left() -> None:
     assert (PDBS.plural, NAMESPACE, "mlp") not in kube.objects
 
 
-async def test_concurrent_triggers_share_one_reconcile_and_create_each_child_once() -> None:
+async def test_concurrent_triggers_create_each_child_once_and_announce_once() -> None:
     kube = FakeKube()
     add_service(kube, load_sample("minimal")["spec"])
     shared = reconciler(kube)
