@@ -20,9 +20,10 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
+from kiln_localcluster.processes import free_ports
 from kiln_runtime.examples import build, write_example
 
-from ..integration.runtime.runtime_process import HOST, free_port
+from ..integration.runtime.runtime_process import HOST
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 
@@ -62,7 +63,7 @@ def model_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def container(image: str, model_dir: Path) -> Iterator[tuple[str, int, int]]:
     name = f"kiln-runtime-test-{uuid.uuid4().hex[:8]}"
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    http_port, grpc_port, metrics_port = free_ports(3)
     docker(
         "run", "-d", "--name", name, "--network", "host", "-v", f"{model_dir}:/models:ro",
         image, "serve", "--model-path", "/models", "--model-name", "mlp",

@@ -8,7 +8,6 @@ and the endpoint-slice controller lists that IP for the Service.
 import json
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import tritonclient.http as triton_http
 
 from kiln_localcluster import podnet
 from kiln_localcluster.volumes import provision_claim
-from kiln_localcluster.waiting import wait_for
+from kiln_localcluster.waiting import http_ok, wait_for
 from tests.integration.conftest import Cluster
 
 pytestmark = [
@@ -77,14 +76,6 @@ def netns_names() -> str:
     return subprocess.run(
         ["ip", "netns", "list"], capture_output=True, text=True, check=True
     ).stdout
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 def test_runtime_pod_serves_at_its_ip_and_joins_the_service(

@@ -14,18 +14,17 @@ import json
 import os
 import platform
 import re
-import socket
 import statistics
 import sys
 import time
-import urllib.request
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from kiln_localcluster.cluster import LocalCluster
-from kiln_localcluster.waiting import wait_for
+from kiln_localcluster.processes import free_ports
+from kiln_localcluster.waiting import http_ok, wait_for
 from kiln_operator.k8s.client import KubeClient, load_configuration
 from kiln_operator.k8s.resources import DEPLOYMENTS, INFERENCE_SERVICES, SERVICES
 from tests.integration.conftest import REPO, Cluster
@@ -37,13 +36,6 @@ CREATE_CONCURRENCY = 64
 QUIET_SECONDS = 10.0
 RESYNC_SECONDS = 300.0
 """The operator's default: no resync (which reads the API server) starts while converging."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -102,14 +94,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # loopback only
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
 async def create_all(cluster: Cluster, namespace: str, manifests: list[dict[str, Any]]) -> None:
     """POST every InferenceService at once (bounded to CREATE_CONCURRENCY requests in flight):
     kubectl apply would send them one by one under its client-side rate limit."""
@@ -159,7 +143,7 @@ def run_one(cluster: Cluster, count: int, work: Path, reconcile_only: bool) -> d
     namespace = f"bench-{count}-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", namespace)
     audit = AuditLog(cluster.audit_log)
-    port = free_port()
+    (port,) = free_ports(1)
     operator = OperatorProcess(
         cluster,
         work / f"operator-{count}.log",
@@ -170,7 +154,7 @@ def run_one(cluster: Cluster, count: int, work: Path, reconcile_only: bool) -> d
     )
     try:
         wait_for(
-            lambda: healthy(f"http://127.0.0.1:{port}/healthz"),
+            lambda: http_ok(f"http://127.0.0.1:{port}/healthz"),
             timeout=60,
             description="the operator's liveness endpoint",
         )

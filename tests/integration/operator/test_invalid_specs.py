@@ -19,21 +19,9 @@ from tests.integration.operator.conftest import (
     getter,
     wait_condition,
 )
-from tests.unit.operator.conftest import INVALID_SPECS
+from tests.unit.operator.conftest import corpus, expectation
 
 pytestmark = pytest.mark.integration
-
-
-def corpus(layer: str) -> list[Path]:
-    return sorted(INVALID_SPECS.glob(f"{layer}-*.yaml"))
-
-
-def expectation(path: Path) -> str:
-    return next(
-        line.removeprefix("# expect: ").strip()
-        for line in path.read_text().splitlines()
-        if line.startswith("# expect: ")
-    )
 
 
 def load(path: Path, name: str | None = None) -> dict[str, Any]:

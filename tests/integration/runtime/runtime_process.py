@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln_localcluster.processes import free_ports
+
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -81,12 +76,12 @@ def start(
     name: str = "mlp",
     env: dict[str, str] | None = None,
 ) -> Runtime:
-    ports = free_port(), free_port(), free_port()
-    log = log_dir / f"runtime-{ports[0]}.log"
+    http_port, grpc_port, metrics_port = free_ports(3)
+    log = log_dir / f"runtime-{http_port}.log"
     command = [
         sys.executable, "-m", "kiln_runtime", "serve", "--model-path", str(model_path),
-        "--model-name", name, "--host", HOST, "--http-port", str(ports[0]),
-        "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), "--torch-threads", "1",
+        "--model-name", name, "--host", HOST, "--http-port", str(http_port),
+        "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--torch-threads", "1",
     ]  # fmt: skip
     if config is not None:
         command += ["--config", str(config)]
@@ -94,7 +89,7 @@ def start(
         process = subprocess.Popen(
             command, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
-    return Runtime(process, *ports, log=log)
+    return Runtime(process, http_port, grpc_port, metrics_port, log=log)
 
 
 @contextmanager

@@ -5,10 +5,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from kiln_localcluster.processes import free_ports
 from kiln_operator.warmup import plan as warmup
 from kiln_operator.warmup.probe import run_attempt
 from kiln_runtime.examples import write_example
-from tests.integration.runtime.runtime_process import HOST, Runtime, free_port, running
+from tests.integration.runtime.runtime_process import HOST, Runtime, running
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +56,7 @@ async def test_warm_runtime_passes_over_grpc(runtime: Runtime) -> None:
 
 async def test_http_carries_the_attempt_when_grpc_is_silent(runtime: Runtime) -> None:
     before = served(runtime, "http")
-    result = await run_attempt(PLAN, HOST, free_port(), runtime.http_port)
+    result = await run_attempt(PLAN, HOST, free_ports(1)[0], runtime.http_port)
     assert warmup.judge(PLAN, result).passed
     assert served(runtime, "http") - before == PLAN.requests
 
@@ -79,5 +80,5 @@ async def test_wrong_tensor_shape_counts_as_request_errors(runtime: Runtime) -> 
 
 async def test_no_runtime_times_out_as_not_ready() -> None:
     quick = dataclasses.replace(PLAN, attempt_timeout_s=1.0)
-    result = await run_attempt(quick, HOST, free_port(), free_port())
+    result = await run_attempt(quick, HOST, *free_ports(2))
     assert warmup.judge(quick, result).reason == warmup.REASON_RUNTIME_NOT_READY

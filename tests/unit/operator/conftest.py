@@ -38,3 +38,17 @@ def assert_golden(name: str, manifest: Any) -> None:
     if not path.exists():
         pytest.fail(f"golden file {name} missing: run with KILN_UPDATE_GOLDEN=1 and review it")
     assert text == path.read_text(), f"{name} differs from its golden file"
+
+
+def corpus(layer: str) -> list[Path]:
+    """The invalid-spec manifests of one layer ("schema" or "semantic"), in name order."""
+    return sorted(INVALID_SPECS.glob(f"{layer}-*.yaml"))
+
+
+def expectation(path: Path) -> str:
+    """The message an invalid manifest must produce (its `# expect:` line)."""
+    return next(
+        line.removeprefix("# expect: ").strip()
+        for line in path.read_text().splitlines()
+        if line.startswith("# expect: ")
+    )

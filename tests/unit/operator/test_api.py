@@ -15,19 +15,13 @@ from kiln_operator.api.validation import SpecError, parse_spec
 from kiln_operator.builders import build_runtime_config
 from kiln_runtime.config import FORMATS, MODES, PRECISIONS, ConfigError, parse_config
 from kiln_runtime.execution_plan import plan_execution
-from tests.unit.operator.conftest import INVALID_SPECS, SAMPLES, load_sample, sample_spec
-
-
-def corpus(layer: str) -> list[Path]:
-    return sorted(INVALID_SPECS.glob(f"{layer}-*.yaml"))
-
-
-def expectation(path: Path) -> str:
-    return next(
-        line.removeprefix("# expect: ").strip()
-        for line in path.read_text().splitlines()
-        if line.startswith("# expect: ")
-    )
+from tests.unit.operator.conftest import (
+    SAMPLES,
+    corpus,
+    expectation,
+    load_sample,
+    sample_spec,
+)
 
 
 @pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.yaml")), ids=lambda p: p.name)

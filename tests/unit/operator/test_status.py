@@ -8,6 +8,14 @@ from kiln_operator.status import compute_status, find_condition, rollout_state, 
 from kiln_operator.status.compute import Observation
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+FOREIGN_CONDITION = {
+    "type": "MetricsAvailable",
+    "status": "True",
+    "reason": "X",
+    "message": "",
+    "lastTransitionTime": "2026-03-01T11:00:00Z",
+}
+"""A condition another writer (the autoscaler) owns."""
 
 
 def deployment(
@@ -195,13 +203,7 @@ def test_transition_time_moves_only_when_status_changes() -> None:
 
 
 def test_only_changed_keys_are_patched_and_foreign_conditions_survive() -> None:
-    foreign = {
-        "type": "MetricsAvailable",
-        "status": "True",
-        "reason": "X",
-        "message": "",
-        "lastTransitionTime": "2026-03-01T11:00:00Z",
-    }
+    foreign = FOREIGN_CONDITION
     first = compute_status({"conditions": [foreign]}, observe(deployment()), T0).patch
     assert first is not None
     assert first["conditions"][0] == foreign
@@ -251,13 +253,7 @@ def test_set_condition_adds_and_replaces() -> None:
 
 
 def test_the_applied_status_holds_only_the_reconcile_loops_own_conditions() -> None:
-    foreign = {
-        "type": "MetricsAvailable",
-        "status": "True",
-        "reason": "X",
-        "message": "",
-        "lastTransitionTime": "2026-03-01T11:00:00Z",
-    }
+    foreign = FOREIGN_CONDITION
     update = compute_status({"conditions": [foreign]}, observe(deployment()), T0)
     assert [c["type"] for c in update.applied["conditions"]] == [
         "SpecValid",
