@@ -1,6 +1,7 @@
 """The gRPC floor: how many unary calls a *trivial* Python gRPC server answers on one core.
 
-Exists to tell whether a throughput target over grpcio is reachable at all. Each variant
+Exists to tell whether a throughput target over a given transport is reachable at all, and
+why the runtime serves gRPC over its own HTTP/2 transport rather than over grpcio. Each variant
 serves ``inference.GRPCInferenceService/ModelInfer`` through a generic handler that returns a
 constant ``ModelInferResponse`` (the MLP's 1x10 FP32 output) - no model, no batching, no
 metrics - pinned to the server core the benchmark uses, and is driven by the benchmark's own
@@ -13,7 +14,8 @@ Variants: ``aio`` (grpc.aio, request parsed and response serialised by protobuf)
 (``grpc.server`` with a thread pool), ``sync-bridge`` (the same, each call handed to an asyncio
 loop in another thread and waited for, as a sync server in front of the runtime's asyncio data
 plane would have to), and ``aio-uvloop`` when ``uvloop`` is importable (it is not a runtime
-dependency: put it on ``PYTHONPATH`` from a scratch directory).
+dependency: put it on ``PYTHONPATH`` from a scratch directory), and ``kiln`` (the runtime's own
+transport, ``kiln_runtime.protocol.grpcserver``, with the same constant answer).
 
     cd runtime_image && python -m bench.grpc_floor [--seconds 5] [--clients 16] [--repeat 1]
 """
@@ -41,7 +43,7 @@ from bench import loadgen, servers
 SERVER_CORE = 0
 CLIENT_CORE = 1
 SERVICE = "inference.GRPCInferenceService"
-VARIANTS = ("aio", "aio-bytes", "sync", "sync-bridge", "aio-uvloop")
+VARIANTS = ("kiln", "aio", "aio-bytes", "sync", "sync-bridge", "aio-uvloop")
 
 
 def _response() -> Any:
@@ -87,8 +89,26 @@ def _handler(variant: str, asynchronous: bool) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE, {"ModelInfer": method})
 
 
+async def _serve_kiln(port: int) -> None:
+    from kiln_runtime.protocol.grpcserver import GrpcServer, GrpcService, UnaryMethod
+
+    reply = _response()
+
+    async def infer(request: Any, time_left: float | None) -> Any:
+        return reply
+
+    methods = {"ModelInfer": UnaryMethod(service_pb2.ModelInferRequest, infer)}
+    server = GrpcServer(GrpcService(SERVICE, methods, max_message=1 << 20))
+    await server.start(servers.HOST, port)
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+
 def serve(variant: str, port: int) -> None:
     """Run one variant until killed (the driver starts this in a pinned subprocess)."""
+    if variant == "kiln":
+        asyncio.run(_serve_kiln(port))
+        return
     address = f"{servers.HOST}:{port}"
     if variant.startswith("sync"):
         server = grpc.server(ThreadPoolExecutor(max_workers=16))

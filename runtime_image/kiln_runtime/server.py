@@ -21,7 +21,8 @@ from prometheus_client import start_http_server
 from kiln_runtime.config import RuntimeConfig
 from kiln_runtime.dataplane import DataPlane
 from kiln_runtime.metrics import RuntimeMetrics
-from kiln_runtime.protocol.grpc import GrpcServer
+from kiln_runtime.protocol.grpc import InferenceServicer
+from kiln_runtime.protocol.grpcserver import GrpcServer
 from kiln_runtime.protocol.httpserver import HttpServer
 from kiln_runtime.protocol.rest import RestAdapter
 
@@ -59,7 +60,7 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-model")
     dataplane = DataPlane(config, metrics, executor)
     http = HttpServer(RestAdapter(dataplane))
-    grpc_server = GrpcServer(dataplane)
+    grpc_server = GrpcServer(InferenceServicer(dataplane).service())
     metrics_server, metrics_thread = start_http_server(
         options.metrics_port, addr=options.host, registry=metrics.registry
     )

@@ -1,7 +1,7 @@
-"""The gRPC adapter: ``inference.GRPCInferenceService`` (KServe v2 / Triton) on ``grpc.aio``.
+"""The gRPC adapter: ``inference.GRPCInferenceService`` (KServe v2 / Triton) over ``grpcserver``.
 
-Serves the message and service definitions that ``tritonclient.grpc`` itself ships, so the wire
-format is the client's own. Tensors travel as ``raw_input_contents``/``raw_output_contents``
+Serves the message definitions that ``tritonclient.grpc`` itself ships, so the wire format is
+the client's own. Tensors travel as ``raw_input_contents``/``raw_output_contents``
 and are viewed without copies; typed ``contents`` are accepted too.
 """
 
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import grpc
 import numpy as np
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.grpc import model_config_pb2, service_pb2
 
 from kiln_runtime import __version__, errors
 from kiln_runtime.dataplane import DataPlane
 from kiln_runtime.datatypes import from_json_values
+from kiln_runtime.protocol.grpcserver import GrpcService, UnaryMethod
 from kiln_runtime.protocol.types import (
     InferRequest,
     InferResponse,
@@ -36,6 +36,7 @@ _CONTENTS_FIELD = {
     "FP64": "fp64_contents",
 }
 EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+SERVICE = "inference.GRPCInferenceService"
 
 
 def decode_infer(message: Any, max_bytes: int) -> InferRequest:
@@ -105,34 +106,44 @@ def _tensor_metadata(document: dict[str, Any]) -> Any:
     )
 
 
-class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+class InferenceServicer:
+    """The methods of ``inference.GRPCInferenceService``; failures raise ``InferError``."""
+
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
         self.max_bytes = dataplane.config.max_request_bytes()
 
-    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def service(self) -> GrpcService:
+        methods = {
+            "ServerLive": UnaryMethod(service_pb2.ServerLiveRequest, self.server_live),
+            "ServerReady": UnaryMethod(service_pb2.ServerReadyRequest, self.server_ready),
+            "ServerMetadata": UnaryMethod(service_pb2.ServerMetadataRequest, self.server_metadata),
+            "ModelReady": UnaryMethod(service_pb2.ModelReadyRequest, self.model_ready),
+            "ModelMetadata": UnaryMethod(service_pb2.ModelMetadataRequest, self.model_metadata),
+            "ModelConfig": UnaryMethod(service_pb2.ModelConfigRequest, self.model_config),
+            "ModelInfer": UnaryMethod(service_pb2.ModelInferRequest, self.model_infer),
+        }
+        # The message limit sits above the tensor limit (typed contents and field overhead can
+        # outgrow the raw bytes) so that most oversized requests get decode_infer's message.
+        return GrpcService(SERVICE, methods, max_message=2 * self.max_bytes + (1 << 20))
+
+    async def server_live(self, request: Any, time_left: float | None) -> Any:
         return service_pb2.ServerLiveResponse(live=self.dataplane.live)
 
-    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def server_ready(self, request: Any, time_left: float | None) -> Any:
         return service_pb2.ServerReadyResponse(ready=self.dataplane.ready)
 
-    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def server_metadata(self, request: Any, time_left: float | None) -> Any:
         return service_pb2.ServerMetadataResponse(
             name="kiln", version=__version__, extensions=EXTENSIONS
         )
 
-    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            ready = self.dataplane.model_ready(request.name, request.version)
-        except errors.InferError as error:
-            await _abort(context, error)
+    async def model_ready(self, request: Any, time_left: float | None) -> Any:
+        ready = self.dataplane.model_ready(request.name, request.version)
         return service_pb2.ModelReadyResponse(ready=ready)
 
-    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            meta = self.dataplane.model_metadata(request.name, request.version)
-        except errors.InferError as error:
-            await _abort(context, error)
+    async def model_metadata(self, request: Any, time_left: float | None) -> Any:
+        meta = self.dataplane.model_metadata(request.name, request.version)
         return service_pb2.ModelMetadataResponse(
             name=meta["name"],
             versions=meta["versions"],
@@ -141,11 +152,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             outputs=[_tensor_metadata(t) for t in meta["outputs"]],
         )
 
-    async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            doc = self.dataplane.model_config(request.name, request.version)
-        except errors.InferError as error:
-            await _abort(context, error)
+    async def model_config(self, request: Any, time_left: float | None) -> Any:
+        doc = self.dataplane.model_config(request.name, request.version)
 
         def tensors(kind: Any, entries: list[dict[str, Any]]) -> list[Any]:
             return [kind(name=e["name"], data_type=e["data_type"], dims=e["dims"]) for e in entries]
@@ -166,47 +174,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         )
         return service_pb2.ModelConfigResponse(config=config)
 
-    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def model_infer(self, request: Any, time_left: float | None) -> Any:
         def decode() -> InferRequest:
             infer_request = decode_infer(request, self.max_bytes)
-            remaining = context.time_remaining()
-            if remaining is not None:
+            if time_left is not None:  # the call's deadline bounds the request's own timeout
                 infer_request.timeout_seconds = min(
-                    remaining, infer_request.timeout_seconds or remaining
+                    time_left, infer_request.timeout_seconds or time_left
                 )
             return infer_request
 
-        try:
-            return await self.dataplane.handle("grpc", decode, encode_infer)
-        except errors.InferError as error:
-            await _abort(context, error)
-
-
-async def _abort(context: grpc.aio.ServicerContext, error: errors.InferError) -> Any:
-    await context.abort(grpc.StatusCode[error.kind.mapping.grpc_code], error.message)
-
-
-class GrpcServer:
-    def __init__(self, dataplane: DataPlane) -> None:
-        limit = dataplane.config.max_request_bytes()
-        # grpc's own limit sits above ours so an oversized request gets our clear message.
-        self._server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", 2 * limit + (1 << 20)),
-                ("grpc.max_send_message_length", -1),
-                ("grpc.so_reuseport", 0),
-            ]
-        )
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceServicer(dataplane), self._server
-        )
-
-    async def start(self, host: str, port: int) -> int:
-        bound: int = self._server.add_insecure_port(f"{host}:{port}")
-        if bound == 0:
-            raise OSError(f"cannot bind gRPC to {host}:{port}")
-        await self._server.start()
-        return bound
-
-    async def stop(self, grace: float) -> None:
-        await self._server.stop(grace)
+        return await self.dataplane.handle("grpc", decode, encode_infer)

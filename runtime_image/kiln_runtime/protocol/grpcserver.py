@@ -1,0 +1,182 @@
+"""gRPC over HTTP/2 for unary methods: message framing, deadlines, status trailers.
+
+The transport under ``grpc.InferenceServicer`` (as ``httpserver`` is under ``rest``): it routes
+``:path`` to a method, unframes the one length-prefixed protobuf message, reads
+``grpc-timeout``, and answers with ``grpc-status``/``grpc-message`` trailers as the gRPC
+HTTP/2 protocol specifies, so grpcio clients (``tritonclient.grpc``) and h2load see a gRPC
+server. Compression is not negotiated: the server announces ``identity`` only, which gRPC
+clients honour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from kiln_runtime import errors
+from kiln_runtime.protocol import hpack
+from kiln_runtime.protocol.http2 import Http2Connection, Request, Response
+
+log = logging.getLogger(__name__)
+
+# grpc.StatusCode values (the gRPC status codes are part of the wire protocol).
+STATUS_CODES = {
+    "OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4,
+    "NOT_FOUND": 5, "RESOURCE_EXHAUSTED": 8, "UNIMPLEMENTED": 12, "INTERNAL": 13,
+    "UNAVAILABLE": 14,
+}  # fmt: skip
+
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+
+_OK_HEADERS = hpack.encode(
+    [(b":status", b"200"), (b"content-type", b"application/grpc"),
+     (b"grpc-accept-encoding", b"identity")]
+)  # fmt: skip
+_OK_TRAILERS = hpack.encode([(b"grpc-status", b"0")])
+
+
+class _Refused(Exception):
+    """A request the transport refuses before any method sees it."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class UnaryMethod:
+    """A method's request message type and its implementation.
+
+    ``call(request, time_left)``, ``time_left`` being the seconds until the call's deadline
+    if it has one, returns the response message or raises ``InferError``.
+    """
+
+    request_type: Any
+    call: Callable[[Any, float | None], Awaitable[Any]]
+
+
+def grpc_timeout(value: bytes) -> float:
+    """Seconds from a ``grpc-timeout`` header (up to 8 digits and a unit)."""
+    digits, unit = value[:-1], value[-1:]
+    if not digits.isdigit() or len(digits) > 8 or unit not in _TIMEOUT_UNITS:
+        raise errors.invalid(f"malformed grpc-timeout {value.decode('latin-1')!r}")
+    return int(digits) * _TIMEOUT_UNITS[unit]
+
+
+def percent_encode(message: str) -> bytes:
+    """``grpc-message`` encoding: printable ASCII except '%' as is, every other byte %XX."""
+    return b"".join(
+        bytes([b]) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b
+        for b in message.encode("utf-8")
+    )
+
+
+def status_response(code: str, message: str) -> Response:
+    """A Trailers-Only answer: one HEADERS frame carrying the status, ending the stream."""
+    return Response(
+        hpack.encode(
+            [
+                (b":status", b"200"),
+                (b"content-type", b"application/grpc"),
+                (b"grpc-status", b"%d" % STATUS_CODES[code]),
+                (b"grpc-message", percent_encode(message[:1024])),
+            ]
+        )
+    )
+
+
+def http_error(status: int) -> Response:
+    return Response(hpack.encode([(b":status", b"%d" % status)]))
+
+
+class GrpcService:
+    """Answers the HTTP/2 requests of one gRPC service's unary methods."""
+
+    def __init__(self, service: str, methods: dict[str, UnaryMethod], max_message: int) -> None:
+        self._methods = {f"/{service}/{name}".encode(): m for name, m in methods.items()}
+        self.max_message = max_message
+
+    async def handle(self, request: Request) -> Response:
+        headers = request.headers
+        if headers.get(b":method") != b"POST":
+            return http_error(405)
+        if not headers.get(b"content-type", b"").startswith(b"application/grpc"):
+            return http_error(415)
+        path = headers.get(b":path", b"")
+        method = self._methods.get(path)
+        if method is None:
+            return status_response("UNIMPLEMENTED", f"unknown method {path.decode('latin-1')}")
+        if request.too_large:
+            return status_response(
+                "INVALID_ARGUMENT",
+                f"request message exceeds the limit of {self.max_message} bytes",
+            )
+        try:
+            timeout = grpc_timeout(headers[b"grpc-timeout"]) if b"grpc-timeout" in headers else None
+            message = self._unframe(request.body, method.request_type)
+            reply = await method.call(message, timeout)
+        except errors.InferError as error:
+            return status_response(error.kind.mapping.grpc_code, error.message)
+        except _Refused as refused:
+            return status_response(refused.code, str(refused))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("unhandled error in %s", path.decode("latin-1"))
+            return status_response("INTERNAL", "internal error; see server log")
+        payload: bytes = reply.SerializeToString()
+        return Response(
+            _OK_HEADERS, b"\0" + len(payload).to_bytes(4, "big") + payload, _OK_TRAILERS
+        )
+
+    @staticmethod
+    def _unframe(body: bytes, request_type: Any) -> Any:
+        if len(body) < 5:
+            raise errors.invalid("request carries no gRPC message")
+        if body[0]:
+            raise _Refused("UNIMPLEMENTED", "compressed messages are not supported")
+        length = int.from_bytes(body[1:5], "big")
+        if len(body) != 5 + length:
+            raise errors.invalid("a unary request carries exactly one gRPC message")
+        try:
+            return request_type.FromString(body[5:])
+        except DecodeError as error:
+            raise errors.invalid(f"malformed {request_type.DESCRIPTOR.name}: {error}") from None
+
+
+class GrpcServer:
+    """Owns the listening socket and the HTTP/2 connections of one gRPC service."""
+
+    def __init__(self, service: GrpcService) -> None:
+        self._service = service
+        self._connections: set[Http2Connection] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        max_body = self._service.max_message
+        self._server = await loop.create_server(
+            lambda: Http2Connection(self._service.handle, max_body, self._connections),
+            host, port, backlog=1024,
+        )  # fmt: skip
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self, grace: float) -> None:
+        """Stop listening, GOAWAY every connection, close them when answered or at ``grace``."""
+        if self._server is None:
+            return
+        self._server.close()
+        connections = list(self._connections)
+        for connection in connections:
+            connection.shut_down()
+        if connections:
+            await asyncio.wait([c.closed for c in connections], timeout=grace)
+            for connection in connections:
+                if not connection.closed.done():
+                    connection.abort()
+        await self._server.wait_closed()

@@ -1,0 +1,515 @@
+"""A lean HTTP/2 server connection (RFC 9113) for unary request/response exchanges: gRPC's.
+
+Why not grpcio's server: on one core it answers at most 3,000-3,500 empty calls per second
+(``bench/grpc_floor.py``), less than the runtime's HTTP/1.1 path answers with a model behind
+it. This connection is an asyncio protocol like ``httpserver``: it parses frames in place,
+decodes headers with ``hpack``, hands each complete request to a handler, and writes each
+answer (headers, data, trailers) in one write. It keeps what an HTTP/2 peer relies on: the
+SETTINGS exchange, flow control in both directions (a response larger than the client's window
+waits for its WINDOW_UPDATE), PING, RST_STREAM (the request's task is cancelled), a stream
+limit, GOAWAY on shutdown and on protocol errors. It serves prior-knowledge cleartext HTTP/2
+(``h2c``), which is what gRPC clients speak without TLS.
+
+Out of scope, because unary gRPC never needs them: server push, priorities (ignored, as RFC
+9113 allows), streaming responses, HTTP/1.1 upgrade.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from kiln_runtime.protocol import hpack
+
+log = logging.getLogger(__name__)
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0x0, 0x1, 0x2, 0x3, 0x4
+PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0x5, 0x6, 0x7, 0x8, 0x9
+
+END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
+
+SETTINGS_HEADER_TABLE_SIZE, SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
+SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
+
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
+
+DEFAULT_WINDOW = 65_535
+MAX_WINDOW = 2**31 - 1
+DEFAULT_MAX_FRAME = 16_384
+
+# What this server announces. Windows are large so a request of a few MiB arrives without a
+# round trip for WINDOW_UPDATE; memory stays bounded by max_streams x the request size limit.
+MAX_CONCURRENT_STREAMS = 256
+STREAM_WINDOW = 4 << 20
+CONNECTION_WINDOW = 16 << 20
+MAX_FRAME_SIZE = 1 << 20
+MAX_HEADER_LIST_SIZE = 64 << 10
+
+_FRAME_HEADER = struct.Struct(">BHBBL")  # length is 24 bits: high byte + low 16 bits
+
+
+class ProtocolViolation(Exception):
+    """The peer broke the protocol: the connection ends with GOAWAY and this error code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Request:
+    """One stream's request: its headers and, once complete, its body."""
+
+    stream_id: int
+    headers: dict[bytes, bytes]
+    chunks: list[bytes] = field(default_factory=list)
+    size: int = 0
+    too_large: bool = False  # the body passed the limit; what arrived of it was dropped
+
+    @property
+    def body(self) -> bytes:
+        return self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+
+
+@dataclass(frozen=True)
+class Response:
+    """An answer as header blocks already HPACK-encoded (``hpack.encode``), so constant
+    blocks are encoded once. ``trailers`` None means the headers end the stream."""
+
+    headers: bytes
+    data: bytes = b""
+    trailers: bytes | None = None
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass
+class _Stream:
+    request: Request
+    send_window: int
+    remote_closed: bool = False
+    dispatched: bool = False
+    unacked: int = 0  # bytes received since the last stream WINDOW_UPDATE
+    task: asyncio.Task[None] | None = None
+    pending: memoryview | None = None  # response data waiting for the peer's window
+    pending_trailers: bytes | None = None
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    length = len(payload)
+    return _FRAME_HEADER.pack(length >> 16, length & 0xFFFF, kind, flags, stream_id) + payload
+
+
+def _settings_frame() -> bytes:
+    entries = (
+        (SETTINGS_ENABLE_PUSH, 0),
+        (SETTINGS_MAX_CONCURRENT_STREAMS, MAX_CONCURRENT_STREAMS),
+        (SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW),
+        (SETTINGS_MAX_FRAME_SIZE, MAX_FRAME_SIZE),
+        (SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST_SIZE),
+    )
+    return frame(SETTINGS, 0, 0, b"".join(struct.pack(">HL", k, v) for k, v in entries))
+
+
+def _window_update(stream_id: int, increment: int) -> bytes:
+    return frame(WINDOW_UPDATE, 0, stream_id, struct.pack(">L", increment))
+
+
+def _rst_stream(stream_id: int, code: int) -> bytes:
+    return frame(RST_STREAM, 0, stream_id, struct.pack(">L", code))
+
+
+SERVER_PREFACE = _settings_frame() + _window_update(0, CONNECTION_WINDOW - DEFAULT_WINDOW)
+
+
+class Http2Connection(asyncio.Protocol):
+    def __init__(self, handler: Handler, max_body: int, connections: set[Http2Connection]) -> None:
+        self._handler = handler
+        self._max_body = max_body
+        self._connections = connections
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._preface_seen = False
+        self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST_SIZE)
+        self._streams: dict[int, _Stream] = {}
+        self._blocked: dict[int, _Stream] = {}  # streams whose response waits for window
+        self._last_stream_id = 0
+        self._continuing: tuple[int, int, bytearray] | None = None  # stream, flags, block
+        self._peer_window = DEFAULT_WINDOW  # the peer's initial stream window
+        self._peer_max_frame = DEFAULT_MAX_FRAME
+        self._send_window = DEFAULT_WINDOW  # connection-level, towards the peer
+        self._unacked = 0  # connection-level bytes received since our last WINDOW_UPDATE
+        self._out: list[bytes] = []
+        self._receiving = False
+        self._going_away = False
+        self.closed = asyncio.get_running_loop().create_future()
+
+    # asyncio.Protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._connections.add(self)
+        transport.write(SERVER_PREFACE)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connections.discard(self)
+        self._transport = None
+        for stream in self._streams.values():
+            if stream.task is not None:
+                stream.task.cancel()
+        self._streams.clear()
+        self._blocked.clear()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        self._receiving = True
+        try:
+            self._parse()
+        except ProtocolViolation as error:
+            log.info("HTTP/2 connection error %d: %s", error.code, error)
+            self._goaway(error.code, str(error).encode()[:256])
+            self._flush()
+            if self._transport is not None:
+                self._transport.close()
+        finally:
+            self._receiving = False
+            self._flush()
+
+    # parsing ---------------------------------------------------------------------------------
+
+    def _parse(self) -> None:
+        buffer = self._buffer
+        pos, end = 0, len(buffer)
+        if not self._preface_seen:
+            if end < len(PREFACE):
+                if not PREFACE.startswith(bytes(buffer)):
+                    raise ProtocolViolation(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                return
+            if buffer[: len(PREFACE)] != PREFACE:
+                raise ProtocolViolation(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+            self._preface_seen = True
+            pos = len(PREFACE)
+        unpack = _FRAME_HEADER.unpack_from
+        while end - pos >= 9:
+            high, low, kind, flags, stream_id = unpack(buffer, pos)
+            length = (high << 16) | low
+            if length > MAX_FRAME_SIZE:
+                raise ProtocolViolation(FRAME_SIZE_ERROR, f"frame of {length} bytes")
+            if end - pos - 9 < length:
+                break
+            payload = bytes(buffer[pos + 9 : pos + 9 + length])
+            pos += 9 + length
+            self._frame(kind, flags, stream_id & 0x7FFFFFFF, payload)
+            if self._transport is None:
+                return
+        del buffer[:pos]
+
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._continuing is not None and (
+            kind != CONTINUATION or stream_id != self._continuing[0]
+        ):
+            raise ProtocolViolation(PROTOCOL_ERROR, "header block interrupted")
+        if kind == DATA:
+            self._on_data(flags, stream_id, payload)
+        elif kind == HEADERS:
+            self._on_headers(flags, stream_id, payload)
+        elif kind == CONTINUATION:
+            self._on_continuation(flags, stream_id, payload)
+        elif kind == SETTINGS:
+            self._on_settings(flags, stream_id, payload)
+        elif kind == WINDOW_UPDATE:
+            self._on_window_update(stream_id, payload)
+        elif kind == PING:
+            if len(payload) != 8 or stream_id:
+                raise ProtocolViolation(FRAME_SIZE_ERROR, "malformed PING")
+            if not flags & ACK:
+                self._out.append(frame(PING, ACK, 0, payload))
+        elif kind == RST_STREAM:
+            self._on_rst_stream(stream_id, payload)
+        elif kind == GOAWAY:
+            self._going_away = True  # the client opens no more streams; answer the open ones
+        elif kind == PUSH_PROMISE:
+            raise ProtocolViolation(PROTOCOL_ERROR, "clients must not push")
+        # PRIORITY and unknown frame types are ignored (RFC 9113 5.3.2, 5.5)
+
+    @staticmethod
+    def _unpad(flags: int, payload: bytes) -> bytes:
+        if not flags & PADDED:
+            return payload
+        if not payload or payload[0] >= len(payload):
+            raise ProtocolViolation(PROTOCOL_ERROR, "padding longer than the frame")
+        return payload[1 : len(payload) - payload[0]]
+
+    def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id == 0:
+            raise ProtocolViolation(PROTOCOL_ERROR, "DATA on stream 0")
+        self._unacked += len(payload)
+        if self._unacked > CONNECTION_WINDOW:
+            raise ProtocolViolation(FLOW_CONTROL_ERROR, "connection window exceeded")
+        if self._unacked >= CONNECTION_WINDOW // 2:
+            self._out.append(_window_update(0, self._unacked))
+            self._unacked = 0
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.remote_closed:
+            if stream_id > self._last_stream_id:
+                raise ProtocolViolation(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
+            return  # a stream this server already answered and reset; its window is returned
+        data = self._unpad(flags, payload)
+        stream.unacked += len(payload)
+        if stream.unacked > STREAM_WINDOW:
+            raise ProtocolViolation(FLOW_CONTROL_ERROR, f"stream {stream_id} window exceeded")
+        request = stream.request
+        if not request.too_large:
+            request.size += len(data)
+            if request.size > self._max_body:
+                request.too_large = True
+                request.chunks.clear()
+                self._dispatch(stream)  # answer now; the rest of the body is discarded
+            elif data:
+                request.chunks.append(data)
+        if flags & END_STREAM:
+            stream.remote_closed = True
+            self._dispatch(stream)
+        elif stream.unacked >= STREAM_WINDOW // 2:
+            self._out.append(_window_update(stream_id, stream.unacked))
+            stream.unacked = 0
+
+    def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id == 0 or stream_id % 2 == 0:
+            raise ProtocolViolation(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}")
+        block = self._unpad(flags, payload)
+        if flags & PRIORITY_FLAG:
+            block = block[5:]
+        if flags & END_HEADERS:
+            self._on_header_block(flags, stream_id, block)
+        else:
+            self._continuing = (stream_id, flags, bytearray(block))
+
+    def _on_continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._continuing is None:
+            raise ProtocolViolation(PROTOCOL_ERROR, "CONTINUATION without HEADERS")
+        _, first_flags, block = self._continuing
+        block += payload
+        if len(block) > MAX_HEADER_LIST_SIZE:
+            raise ProtocolViolation(PROTOCOL_ERROR, "header block too large")
+        if flags & END_HEADERS:
+            self._continuing = None
+            self._on_header_block(first_flags, stream_id, bytes(block))
+
+    def _on_header_block(self, flags: int, stream_id: int, block: bytes) -> None:
+        try:  # always decoded: the decoder's table must follow the peer's encoder
+            headers = dict(self._decoder.decode(block))
+        except hpack.HpackError as error:
+            raise ProtocolViolation(COMPRESSION_ERROR, str(error)) from None
+        stream = self._streams.get(stream_id)
+        if stream is not None:  # trailers of a request: they must end it
+            if not flags & END_STREAM or stream.remote_closed:
+                raise ProtocolViolation(PROTOCOL_ERROR, f"unexpected HEADERS on {stream_id}")
+            stream.remote_closed = True
+            self._dispatch(stream)
+            return
+        if stream_id <= self._last_stream_id:
+            return  # a stream this server answered early and reset: its late frames are ignored
+        self._last_stream_id = stream_id
+        if self._going_away or len(self._streams) >= MAX_CONCURRENT_STREAMS:
+            self._out.append(_rst_stream(stream_id, REFUSED_STREAM))
+            return
+        stream = _Stream(Request(stream_id, headers), send_window=self._peer_window)
+        self._streams[stream_id] = stream
+        if flags & END_STREAM:
+            stream.remote_closed = True
+            self._dispatch(stream)
+
+    def _on_settings(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id:
+            raise ProtocolViolation(PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & ACK:
+            return
+        if len(payload) % 6:
+            raise ProtocolViolation(FRAME_SIZE_ERROR, "malformed SETTINGS")
+        for offset in range(0, len(payload), 6):
+            key, value = struct.unpack_from(">HL", payload, offset)
+            if key == SETTINGS_INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise ProtocolViolation(FLOW_CONTROL_ERROR, "initial window too large")
+                delta = value - self._peer_window
+                self._peer_window = value
+                for stream in self._streams.values():
+                    stream.send_window += delta
+            elif key == SETTINGS_MAX_FRAME_SIZE:
+                if not DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
+                    raise ProtocolViolation(PROTOCOL_ERROR, f"max frame size {value}")
+                self._peer_max_frame = value
+            # The others need nothing: responses never index into the peer's HPACK table,
+            # this server never pushes, and it opens no streams of its own.
+        self._out.append(frame(SETTINGS, ACK, 0))
+        self._send_blocked()
+
+    def _on_window_update(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ProtocolViolation(FRAME_SIZE_ERROR, "malformed WINDOW_UPDATE")
+        increment = struct.unpack(">L", payload)[0] & 0x7FFFFFFF
+        if stream_id == 0:
+            if increment == 0:
+                raise ProtocolViolation(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self._send_window += increment
+            if self._send_window > MAX_WINDOW:
+                raise ProtocolViolation(FLOW_CONTROL_ERROR, "connection window overflow")
+        else:
+            stream = self._streams.get(stream_id)
+            if stream is None:
+                return
+            if increment == 0:
+                self._reset(stream, PROTOCOL_ERROR)
+                return
+            stream.send_window += increment
+            if stream.send_window > MAX_WINDOW:
+                self._reset(stream, FLOW_CONTROL_ERROR)
+                return
+        self._send_blocked()
+
+    def _on_rst_stream(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ProtocolViolation(FRAME_SIZE_ERROR, "malformed RST_STREAM")
+        if stream_id == 0 or stream_id > self._last_stream_id:
+            raise ProtocolViolation(PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
+        stream = self._streams.pop(stream_id, None)
+        self._blocked.pop(stream_id, None)
+        if stream is not None and stream.task is not None:
+            stream.task.cancel()  # the client gave up: so does its request
+
+    # answering -------------------------------------------------------------------------------
+
+    def _dispatch(self, stream: _Stream) -> None:
+        if stream.dispatched:
+            return
+        stream.dispatched = True
+        stream.task = asyncio.get_running_loop().create_task(self._answer(stream))
+
+    async def _answer(self, stream: _Stream) -> None:
+        try:
+            response = await self._handler(stream.request)
+        except asyncio.CancelledError:
+            return
+        except Exception:
+            log.exception("unhandled error answering stream %d", stream.request.stream_id)
+            stream.task = None
+            if self._streams.get(stream.request.stream_id) is stream:
+                self._reset(stream, INTERNAL_ERROR)
+                self._flush()
+            return
+        stream.task = None
+        self._respond(stream, response)
+        if not self._receiving:
+            self._flush()
+
+    def _respond(self, stream: _Stream, response: Response) -> None:
+        stream_id = stream.request.stream_id
+        if self._streams.get(stream_id) is not stream:
+            return  # reset by the peer, or the connection is gone
+        ends = not response.data and response.trailers is None
+        self._header_frames(stream_id, response.headers, END_STREAM if ends else 0)
+        if ends:
+            self._finish(stream)
+            return
+        stream.pending = memoryview(response.data)
+        stream.pending_trailers = response.trailers
+        self._send_pending(stream)
+
+    def _header_frames(self, stream_id: int, block: bytes, flags: int) -> None:
+        limit = self._peer_max_frame
+        if len(block) <= limit:
+            self._out.append(frame(HEADERS, flags | END_HEADERS, stream_id, block))
+            return
+        self._out.append(frame(HEADERS, flags, stream_id, block[:limit]))
+        for start in range(limit, len(block), limit):
+            last = start + limit >= len(block)
+            piece = block[start : start + limit]
+            self._out.append(frame(CONTINUATION, END_HEADERS if last else 0, stream_id, piece))
+
+    def _send_pending(self, stream: _Stream) -> None:
+        """Send what the windows allow of a response; park the stream if they do not."""
+        data = stream.pending
+        assert data is not None
+        stream_id = stream.request.stream_id
+        sent = 0
+        while sent < len(data):
+            size = min(len(data) - sent, self._peer_max_frame, stream.send_window,
+                       self._send_window)  # fmt: skip
+            if size <= 0:
+                stream.pending = data[sent:]
+                self._blocked[stream_id] = stream
+                return
+            last = sent + size == len(data) and stream.pending_trailers is None
+            self._out.append(
+                frame(DATA, END_STREAM if last else 0, stream_id, bytes(data[sent : sent + size]))
+            )
+            sent += size
+            stream.send_window -= size
+            self._send_window -= size
+        stream.pending = None
+        self._blocked.pop(stream_id, None)
+        if stream.pending_trailers is not None:
+            self._header_frames(stream_id, stream.pending_trailers, END_STREAM)
+        self._finish(stream)
+
+    def _send_blocked(self) -> None:
+        for stream in list(self._blocked.values()):
+            if self._send_window <= 0:
+                return
+            if stream.send_window > 0:
+                self._send_pending(stream)
+
+    def _finish(self, stream: _Stream) -> None:
+        """The response is out: forget the stream (and stop an unread request body)."""
+        stream_id = stream.request.stream_id
+        del self._streams[stream_id]
+        if not stream.remote_closed:
+            self._out.append(_rst_stream(stream_id, NO_ERROR))
+        if self._going_away and not self._streams:
+            self._flush()
+            if self._transport is not None:
+                self._transport.close()
+
+    def _reset(self, stream: _Stream, code: int) -> None:
+        stream_id = stream.request.stream_id
+        self._streams.pop(stream_id, None)
+        self._blocked.pop(stream_id, None)
+        self._out.append(_rst_stream(stream_id, code))
+        if stream.task is not None:
+            stream.task.cancel()
+
+    def _goaway(self, code: int, debug: bytes = b"") -> None:
+        self._going_away = True
+        payload = struct.pack(">LL", self._last_stream_id, code) + debug
+        self._out.append(frame(GOAWAY, 0, 0, payload))
+
+    def _flush(self) -> None:
+        if self._out and self._transport is not None:
+            self._transport.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
+        self._out.clear()
+
+    # shutdown --------------------------------------------------------------------------------
+
+    def shut_down(self) -> None:
+        """Refuse new streams (GOAWAY), answer the open ones, then close."""
+        if self._transport is None:
+            return
+        self._goaway(NO_ERROR)
+        self._flush()
+        if not self._streams:
+            self._transport.close()
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
