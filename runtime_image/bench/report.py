@@ -75,6 +75,13 @@ def write_report(results: dict[str, Any], path: Path) -> None:
                 for label, (before, after) in data["load_average"].items()
             )
             lines += [f"Host load average (1 min) before → after each server: {loads}.", ""]
+        if data.get("steal"):
+            stolen = ", ".join(f"{label}: {share:.0%}" for label, share in data["steal"].items())
+            lines += [
+                "CPU time taken by the hypervisor for other guests (steal) while each server "
+                f"ran: {stolen}. Above a few percent every number of that server is depressed.",
+                "",
+            ]
         lines += ["Raw in-process forward (the limit), one thread (fp32: mean of before and "
                   "after the servers):", ""]  # fmt: skip
         lines += ["| program | batch | ms per batch | rows/s |", "|---|---|---|---|"]

@@ -157,6 +157,17 @@ def overload_run(model_dir: Path, capacity: float, seconds: float, log: Path) ->
     }
 
 
+def steal_seconds() -> float:
+    """CPU time the hypervisor gave to other guests, summed over this host's CPUs.
+
+    On a shared virtual machine it is the one disturbance the other numbers cannot show:
+    every server runs slower while it is high, whatever it does.
+    """
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    steal = int(fields[8]) if len(fields) > 8 else 0
+    return steal / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -187,10 +198,12 @@ def main() -> None:
             if any(opt.get("precision") == "int8" for _, _, opt in variants):
                 raw["int8"] = raw_forward(model_dir / "model.pt", kind, True, [1, 16, 32])
             model_results: dict[str, Any] = {
-                "raw_forward_seconds": raw, "servers": {}, "load_average": {}
+                "raw_forward_seconds": raw, "servers": {}, "load_average": {}, "steal": {}
             }  # fmt: skip
             for label, kind_of_server, optimization in variants:
                 load_before = os.getloadavg()[0]
+                steal_before = steal_seconds()
+                wall_before = time.monotonic()
                 log = (
                     logs / f"{kind}-{label.split()[0]}-{optimization.get('precision', 'fp32')}.log"
                 )
@@ -205,6 +218,9 @@ def main() -> None:
                     rows.append({"rss_bytes": server.rss_bytes()})
                 model_results["servers"][label] = rows
                 model_results["load_average"][label] = [load_before, os.getloadavg()[0]]
+                model_results["steal"][label] = (steal_seconds() - steal_before) / (
+                    (time.monotonic() - wall_before) * (os.cpu_count() or 1)
+                )
             # The limit measured again right after the servers: other work on the host shifts
             # both, and the ratio should compare numbers taken close together.
             raw_after = raw_forward(model_dir / "model.pt", kind, False, [1, 16, 32])
