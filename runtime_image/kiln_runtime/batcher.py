@@ -88,6 +88,7 @@ class DynamicBatcher(Generic[P, R]):
         self._task: asyncio.Task[None] | None = None
         self._computing = False
         self._free_since = -math.inf  # when the model last finished a batch
+        self._turn_taken = False  # a request of this loop turn was computed in its caller's turn
 
     @property
     def depth(self) -> int:
@@ -134,14 +135,48 @@ class DynamicBatcher(Generic[P, R]):
             )
         now = self._clock()
         self._stats = batch_policy.observe_arrival(self._stats, now)
-        future: asyncio.Future[R | errors.InferError] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Item(payload, rows, key, now, deadline, future))
-        self._observer.queue_depth(len(self._queue))
-        self._arrived.set()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[R | errors.InferError] = loop.create_future()
+        item = _Item(payload, rows, key, now, deadline, future)
+        if self._dispatches_now(item):
+            # Alone, at low load, on a model that runs inline: the batcher task would form
+            # this same batch of one, two loop turns later. Requests that arrive in this loop
+            # turn still queue for the batcher task and batch together.
+            self._turn_taken = True
+            loop.call_soon(self._end_turn)
+            self._observer.queue_wait(0.0)
+            await self._compute([item])  # inline: completes without suspending
+        else:
+            self._queue.append(item)
+            self._observer.queue_depth(len(self._queue))
+            self._arrived.set()
         result = await future
         if isinstance(result, errors.InferError):
             raise result
         return result
+
+    def _dispatches_now(self, item: _Item[P, R]) -> bool:
+        if (
+            self._executor is not None
+            or self._task is None
+            or self._turn_taken
+            or self._queue
+            or self._computing
+            or (item.deadline is not None and item.enqueued >= item.deadline)
+        ):
+            return False
+        wait = batch_policy.batch_wait_seconds(
+            queued_rows=item.rows,
+            max_batch_rows=self._max_rows,
+            stats=self._stats,
+            max_delay_seconds=self._max_delay,
+            window_start=max(item.enqueued, self._free_since),
+            now=item.enqueued,
+        )
+        return wait <= 0
+
+    def _end_turn(self) -> None:
+        self._turn_taken = False
 
     async def _run(self) -> None:
         while True:

@@ -78,7 +78,9 @@ async def test_each_caller_gets_its_own_result() -> None:
     batcher, recorder = make(doubled)
     results = await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(20)))
     assert results == [2 * i for i in range(20)]
-    assert recorder.batches == [8, 8, 4]  # inline, yet submitted together -> batched together
+    # Inline: the first of a burst from idle is computed at once, in its caller's turn; the
+    # others, submitted in the same loop turn, are batched together.
+    assert recorder.batches == [1, 8, 8, 3]
     await batcher.stop()
 
 
@@ -169,7 +171,7 @@ async def test_a_per_item_error_fails_only_that_item() -> None:
 
 
 async def test_a_wrong_number_of_results_is_an_error_not_a_hang() -> None:
-    batcher, _ = make(lambda items: [1, 2])
+    batcher, _ = make(lambda items: [1] * (len(items) + 1))
     results = await asyncio.gather(
         *(batcher.submit(i, rows=1) for i in range(3)), return_exceptions=True
     )
@@ -235,7 +237,7 @@ async def test_the_wait_cap_bounds_queueing_at_high_load() -> None:
 
 async def test_an_item_arriving_while_a_batch_fills_joins_it() -> None:
     batcher, recorder = make(doubled, max_rows=4, delay=5.0)
-    await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(4)))  # batches of 4 now
+    await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(5)))  # 1 + 4: batches of 4
     await asyncio.sleep(0.2)  # a gap: the policy expects the next three ~40 ms apart
     first = asyncio.ensure_future(batcher.submit(10, rows=1))
     await asyncio.sleep(0.01)  # the batcher waits for company (~120 ms, capped at 5 s)
@@ -244,15 +246,36 @@ async def test_an_item_arriving_while_a_batch_fills_joins_it() -> None:
     async with asyncio.timeout(2):
         assert await first == 20
         assert [await r for r in rest] == [22, 24, 26]
-    assert recorder.batches == [4, 4]
+    assert recorder.batches == [1, 4, 4]
     await batcher.stop()
 
 
 async def test_a_batch_that_does_not_fill_leaves_when_its_wait_is_up() -> None:
     batcher, recorder = make(doubled, max_rows=8, delay=0.02)
-    await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(8)))
+    await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(9)))  # 1 + 8
     started = time.monotonic()
     assert await batcher.submit(5, rows=1) == 10  # alone: waits at most the 20 ms cap
     assert time.monotonic() - started < 1.0
-    assert recorder.batches == [8, 1]
+    assert recorder.batches == [1, 8, 1]
+    await batcher.stop()
+
+
+async def test_a_lone_request_at_low_load_is_computed_in_its_callers_turn() -> None:
+    batcher, recorder = make(doubled, delay=0.05)
+    assert await batcher.submit(1, rows=1) == 2
+    assert recorder.batches == [1]
+    assert recorder.depths == []  # it never queued
+    await batcher.stop()
+    with ThreadPoolExecutor(1) as pool:
+        threaded, threaded_recorder = make(doubled, pool, delay=0.05)
+        assert await threaded.submit(1, rows=1) == 2
+        assert threaded_recorder.depths[0] == 1  # a model in its own thread: through the queue
+        await threaded.stop()
+
+
+async def test_under_load_requests_are_not_computed_alone() -> None:
+    batcher, recorder = make(doubled, max_rows=4, delay=5.0)
+    await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(5)))  # 1 + 4: load
+    await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(4)))
+    assert recorder.batches == [1, 4, 4]  # the policy waits for company: no batch of one
     await batcher.stop()

@@ -64,8 +64,8 @@ async def test_concurrent_requests_are_batched_and_split_back() -> None:
         rows = req.inputs[0].data.shape[0]
         assert resp.outputs[0].data.shape == (rows, 4)
         np.testing.assert_array_equal(resp.outputs[0].data, req.inputs[0].data + req.inputs[1].data)
-    # rows 1,2,3,1 fill 7 of 8; the next request (2 rows) starts the second batch
-    assert model.batches == [7, 5]
+    # the first (1 row) is computed at once; rows 2,3,1,2 fill 8; the last (3 rows) follows
+    assert model.batches == [1, 8, 3]
     await dp.stop()
 
 
