@@ -44,12 +44,13 @@ def batch(rows: int, seed: int = 0) -> np.ndarray:
 
 
 def test_health_and_metadata_over_both_protocols(runtime: Runtime) -> None:
-    for client in (
-        triton_http.InferenceServerClient(runtime.http_url),
-        triton_grpc.InferenceServerClient(runtime.grpc_url),
-    ):
+    http_client = triton_http.InferenceServerClient(runtime.http_url)
+    for client in (http_client, triton_grpc.InferenceServerClient(runtime.grpc_url)):
         assert client.is_server_live()
         assert client.is_server_ready()
+        server = client.get_server_metadata(**({} if client is http_client else {"as_json": True}))
+        assert server["name"] == "kiln"
+        assert "binary_tensor_data" in server["extensions"]
         assert client.is_model_ready("mlp")
         assert client.is_model_ready("mlp", "1")
         if isinstance(client, triton_http.InferenceServerClient):
