@@ -440,6 +440,7 @@ def _string(data: bytes, pos: int) -> tuple[bytes, int]:
 
 Headers = tuple[tuple[bytes, bytes], ...]
 CACHED_BLOCKS = 64
+CACHED_BLOCK_BYTES = 1024  # a call's headers are a few dozen bytes; larger blocks are not kept
 
 
 class Decoder:
@@ -466,7 +467,7 @@ class Decoder:
             return cached[1]
         generation = self._generation
         headers = tuple(self._decode(block))
-        if generation == self._generation:
+        if generation == self._generation and len(block) <= CACHED_BLOCK_BYTES:
             if len(self._cache) >= CACHED_BLOCKS:
                 self._cache.clear()
             self._cache[block] = (generation, headers)

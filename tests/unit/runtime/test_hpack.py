@@ -120,3 +120,12 @@ def test_encoded_blocks_leave_the_peer_table_alone() -> None:
     assert len(peer.header_table.dynamic_entries) == 0
     assert block[0] == 0x88  # ":status: 200" is the static table's entry 8
     assert hpack.Decoder().decode(block) == tuple(headers)
+
+
+def test_the_cache_keeps_only_small_blocks() -> None:
+    decoder = hpack.Decoder()
+    small = hpack.encode([(b":path", b"/a")])
+    large = hpack.encode([(b"x-big", b"v" * hpack.CACHED_BLOCK_BYTES)])
+    assert decoder.decode(small) == ((b":path", b"/a"),)
+    assert decoder.decode(large) == ((b"x-big", b"v" * hpack.CACHED_BLOCK_BYTES),)
+    assert list(decoder._cache) == [small]  # a hostile client cannot park large blocks here
