@@ -154,7 +154,11 @@ async def child_changed(
     **_: Any,
 ) -> None:
     """A child changed (rollout progress, drift, deletion): cache it and queue a reconcile of
-    its InferenceService, unless the event only echoes the operator's own write."""
+    its InferenceService, unless the event only echoes the operator's own write.
+
+    A child's initial listing after a start (type None) asks for a fresh read, like the
+    InferenceService's own: the watches list in no fixed order, and a reconcile from a cache
+    that has not yet seen the other children would try to create them again."""
     memo.cache.observe(resource.plural, type, body)
     parent = labels.get(constants.LABEL_INFERENCESERVICE)
     if not parent:
@@ -164,4 +168,7 @@ async def child_changed(
     )
     if echo and type != "DELETED":
         return
-    memo.workqueue.add(_namespaced(namespace), parent, trigger="child")
+    listing = type is None
+    memo.workqueue.add(
+        _namespaced(namespace), parent, trigger="listing" if listing else "child", fresh=listing
+    )

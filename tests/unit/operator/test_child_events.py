@@ -1,0 +1,67 @@
+"""Child events queue their InferenceService's reconcile: listings after a start read afresh.
+
+The watches of InferenceServices, Deployments, Services and PDBs list in no fixed order after
+a start. A reconcile queued by one child's listing, run from a cache that has not yet seen the
+other children, would try to create them again (a 409 each, and a write request on a
+converged object), so a listing asks for a fresh read.
+"""
+
+from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
+from typing import Any, cast
+
+import kopf
+import pytest
+
+from kiln_operator import constants
+from kiln_operator.handlers import inferenceservice
+from kiln_operator.k8s.cache import ObjectCache
+
+# kopf types a decorated handler as its own callback protocol; called here as kopf would.
+child_changed = cast(Callable[..., Awaitable[None]], inferenceservice.child_changed)
+
+
+class RecordingQueue:
+    def __init__(self) -> None:
+        self.added: list[tuple[str, str, str, bool]] = []
+
+    def add(self, namespace: str, name: str, *, trigger: str, fresh: bool = False) -> None:
+        self.added.append((namespace, name, trigger, fresh))
+
+
+class NoOwnWrites:
+    def is_own_write(self, plural: str, namespace: str, name: str, version: Any) -> bool:
+        return False
+
+
+def deployment() -> dict[str, Any]:
+    labels = {constants.LABEL_INFERENCESERVICE: "svc", constants.LABEL_MANAGED_BY: "kiln"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"namespace": "ns", "name": "svc", "resourceVersion": "7", "labels": labels},
+    }
+
+
+@pytest.mark.parametrize(
+    ("event", "queued"),
+    [(None, ("ns", "svc", "listing", True)), ("MODIFIED", ("ns", "svc", "child", False))],
+)
+async def test_a_listing_asks_for_a_fresh_read_and_a_change_does_not(
+    event: str | None, queued: tuple[str, str, str, bool]
+) -> None:
+    body = deployment()
+    queue = RecordingQueue()
+    memo = SimpleNamespace(cache=ObjectCache(), reconciler=NoOwnWrites(), workqueue=queue)
+    await child_changed(
+        type=event,
+        namespace="ns",
+        name="svc",
+        labels=body["metadata"]["labels"],
+        meta=body["metadata"],
+        body=body,
+        resource=kopf.Resource("apps", "v1", "deployments"),
+        memo=memo,
+    )
+    assert queue.added == [queued]
+    assert memo.cache.get("deployments", "ns", "svc") is not None
