@@ -159,9 +159,9 @@ class GrpcServer:
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
-        max_body = self._service.max_message
+        service = self._service
         self._server = await loop.create_server(
-            lambda: Http2Connection(self._service.handle, max_body, self._connections),
+            lambda: Http2Connection(service.handle, service.max_message, self._connections),
             host, port, backlog=1024,
         )  # fmt: skip
         return int(self._server.sockets[0].getsockname()[1])

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0x0, 0x1, 0x2, 0x3, 0x4
+DATA, HEADERS, RST_STREAM, SETTINGS = 0x0, 0x1, 0x3, 0x4  # PRIORITY (0x2) is ignored
 PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0x5, 0x6, 0x7, 0x8, 0x9
 
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
@@ -37,7 +37,7 @@ SETTINGS_HEADER_TABLE_SIZE, SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAM
 SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
 
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
-STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
+FRAME_SIZE_ERROR, REFUSED_STREAM, COMPRESSION_ERROR = 0x6, 0x7, 0x9
 
 DEFAULT_WINDOW = 65_535
 MAX_WINDOW = 2**31 - 1
@@ -146,8 +146,7 @@ class Http2Connection(asyncio.Protocol):
         self._peer_max_frame = DEFAULT_MAX_FRAME
         self._send_window = DEFAULT_WINDOW  # connection-level, towards the peer
         self._unacked = 0  # connection-level bytes received since our last WINDOW_UPDATE
-        self._out: list[bytes] = []
-        self._receiving = False
+        self._out: list[bytes] = []  # frames to send, written together by _flush
         self._going_away = False
         self.closed = asyncio.get_running_loop().create_future()
 
@@ -172,7 +171,6 @@ class Http2Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
-        self._receiving = True
         try:
             self._parse()
         except ProtocolViolation as error:
@@ -181,9 +179,8 @@ class Http2Connection(asyncio.Protocol):
             self._flush()
             if self._transport is not None:
                 self._transport.close()
-        finally:
-            self._receiving = False
-            self._flush()
+            return
+        self._flush()
 
     # parsing ---------------------------------------------------------------------------------
 
@@ -410,8 +407,7 @@ class Http2Connection(asyncio.Protocol):
             return
         stream.task = None
         self._respond(stream, response)
-        if not self._receiving:
-            self._flush()
+        self._flush()
 
     def _respond(self, stream: _Stream, response: Response) -> None:
         stream_id = stream.request.stream_id
