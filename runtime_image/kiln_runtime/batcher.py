@@ -165,15 +165,18 @@ class DynamicBatcher(Generic[P, R]):
             or (item.deadline is not None and item.enqueued >= item.deadline)
         ):
             return False
-        wait = batch_policy.batch_wait_seconds(
-            queued_rows=item.rows,
+        return self._wait_seconds(item.rows, item.enqueued, now=item.enqueued) <= 0
+
+    def _wait_seconds(self, queued_rows: int, oldest_arrival: float, now: float) -> float:
+        """The policy's wait for a batch of ``queued_rows`` whose oldest item arrived then."""
+        return batch_policy.batch_wait_seconds(
+            queued_rows=queued_rows,
             max_batch_rows=self._max_rows,
             stats=self._stats,
             max_delay_seconds=self._max_delay,
-            window_start=max(item.enqueued, self._free_since),
-            now=item.enqueued,
+            window_start=max(oldest_arrival, self._free_since),
+            now=now,
         )
-        return wait <= 0
 
     def _end_turn(self) -> None:
         self._turn_taken = False
@@ -197,14 +200,7 @@ class DynamicBatcher(Generic[P, R]):
         while self._queue:
             head_key = self._queue[0].key
             queued_rows = sum(item.rows for item in self._queue if item.key == head_key)
-            wait = batch_policy.batch_wait_seconds(
-                queued_rows=queued_rows,
-                max_batch_rows=self._max_rows,
-                stats=self._stats,
-                max_delay_seconds=self._max_delay,
-                window_start=max(self._queue[0].enqueued, self._free_since),
-                now=self._clock(),
-            )
+            wait = self._wait_seconds(queued_rows, self._queue[0].enqueued, now=self._clock())
             if wait <= 0:
                 return
             self._arrived.clear()
