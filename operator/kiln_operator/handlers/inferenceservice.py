@@ -110,8 +110,7 @@ async def inferenceservice_event(
     **_: Any,
 ) -> None:
     """Cache the newest copy and queue a reconcile, unless the event only echoes the reconcile
-    loop's own status write. The initial listing after a start (type None) reads the API
-    server: the child watches may not have delivered the children yet."""
+    loop's own status write (a listing after a start reads afresh: see _queue_reconcile)."""
     memo.cache.observe(constants.PLURAL, type, body)
     ns = _namespaced(namespace)
     if type == "DELETED" or meta.get("deletionTimestamp"):
@@ -122,8 +121,7 @@ async def inferenceservice_event(
         constants.PLURAL, ns, name, meta.get("resourceVersion")
     ):
         return
-    trigger = "listing" if type is None else "spec"
-    memo.workqueue.add(ns, name, trigger=trigger, fresh=type is None)
+    _queue_reconcile(memo, ns, name, type, trigger="spec")
 
 
 @kopf.timer(
@@ -154,11 +152,8 @@ async def child_changed(
     **_: Any,
 ) -> None:
     """A child changed (rollout progress, drift, deletion): cache it and queue a reconcile of
-    its InferenceService, unless the event only echoes the operator's own write.
-
-    A child's initial listing after a start (type None) asks for a fresh read, like the
-    InferenceService's own: the watches list in no fixed order, and a reconcile from a cache
-    that has not yet seen the other children would try to create them again."""
+    its InferenceService, unless the event only echoes the operator's own write (a listing
+    after a start reads afresh: see _queue_reconcile)."""
     memo.cache.observe(resource.plural, type, body)
     parent = labels.get(constants.LABEL_INFERENCESERVICE)
     if not parent:
@@ -168,7 +163,12 @@ async def child_changed(
     )
     if echo and type != "DELETED":
         return
-    listing = type is None
-    memo.workqueue.add(
-        _namespaced(namespace), parent, trigger="listing" if listing else "child", fresh=listing
-    )
+    _queue_reconcile(memo, _namespaced(namespace), parent, type, trigger="child")
+
+
+def _queue_reconcile(memo: Any, namespace: str, name: str, event: str | None, trigger: str) -> None:
+    """Queue a reconcile of the InferenceService. An event of a watch's initial listing after
+    a start (type None) asks for a fresh read: the watches list in no fixed order, and a
+    reconcile from a cache that has not yet seen the children would try to create them again."""
+    listing = event is None
+    memo.workqueue.add(namespace, name, trigger="listing" if listing else trigger, fresh=listing)
