@@ -28,8 +28,9 @@ system-deps: ## Install the Debian packages the tests use (needs root)
 	bash e2e/system-deps.sh
 
 # ---------------------------------------------------------------- local cluster
-cluster-binaries: ## Obtain etcd, kube-* , kubectl and kwok (env dir, cache, download, or go build)
+cluster-binaries: ## Obtain etcd, kube-*, kubectl, kwok, kubelet, kube-proxy (cache, download, or go build)
 	@bash e2e/cluster/binaries.sh
+	@bash e2e/cluster/binaries.sh node
 
 cluster-up: venv ## Start the local control plane with kwok GPU nodes; writes .kiln/kubeconfig
 	$(PY) -m kiln_localcluster up
@@ -63,7 +64,10 @@ test-unit: venv ## Unit tests only (no cluster, no network)
 demo: venv system-deps ## Kiln's main job, locally: cluster, operator, a sample service, load
 	bash e2e/demo.sh
 
-e2e-kind: ## End to end on kind (needs Docker, kind and internet; not run here)
+e2e: venv system-deps docker-up ## The end-to-end suite: the local cluster's real node, or $$KILN_E2E_KUBECONFIG
+	$(PY) -m pytest tests/e2e
+
+e2e-kind: venv ## The end-to-end suite on kind (needs Docker, kind and internet; not run here)
 	bash e2e/kind.sh
 
 OPERATOR_IMAGE ?= kiln/operator:dev
@@ -71,7 +75,7 @@ image-operator: base-image ## Build the operator image from operator/Dockerfile 
 	docker build --network host --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE) -t $(OPERATOR_IMAGE) operator
 	docker image prune -f >/dev/null  # the replaced image would stay behind, untagged
 
-.PHONY: help venv lock system-deps cluster-binaries cluster-up cluster-down docker-up lint typecheck check test test-unit demo e2e-kind image-operator
+.PHONY: help venv lock system-deps cluster-binaries cluster-up cluster-down docker-up lint typecheck check test test-unit demo e2e e2e-kind image-operator
 
 # ---- operator ----
 KUBECTL = $$(bash e2e/cluster/binaries.sh)/kubectl

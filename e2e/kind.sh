@@ -3,9 +3,9 @@
 # image). Not run in CI here: this project's CI machines reach no image registry, and the local
 # control plane (`make demo`, `make test`) covers the same paths there.
 #
-# kind nodes have no GPUs: the sample is the CPU one (gpuCount 0). Steps: a kind cluster; the
-# operator and runtime images built locally and loaded into it; `kubectl apply -k manifests/`;
-# the sample applied and waited for Ready (the warm-up gate included).
+# kind nodes have no GPUs: the suite's services are CPU ones (gpuCount 0). Steps: a kind cluster;
+# the operator and runtime images built locally and loaded into it; `kubectl apply -k
+# manifests/`; then `tests/e2e`, the suite `make test` runs on the local cluster's real node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,8 +35,11 @@ kubectl apply -k manifests/
 kubectl -n kiln-system set image deployment/kiln-operator operator="$operator_image"
 kubectl -n kiln-system rollout status deployment/kiln-operator --timeout=180s
 
-kubectl create namespace kiln-e2e --dry-run=client -o yaml | kubectl apply -f -
-sed "s#image: .*kiln-runtime.*#image: $runtime_image-example#" manifests/samples/cpu-test.yaml \
-  | kubectl apply -n kiln-e2e -f -
-kubectl wait -n kiln-e2e --for=condition=Ready inferenceservice --all --timeout=600s
-kubectl get inferenceservices,pods -n kiln-e2e -o wide
+# The same end-to-end suite as the local cluster's, against this cluster: the model is the one
+# baked into the image, Services are reached through kubectl port-forward.
+KILN_E2E_KUBECONFIG=$(mktemp)
+kind get kubeconfig --name "$cluster" >"$KILN_E2E_KUBECONFIG"
+export KILN_E2E_KUBECONFIG KILN_E2E_KUBECTL=$(command -v kubectl)
+export KILN_E2E_RUNTIME_IMAGE="$runtime_image-example"
+export KILN_E2E_MODEL_URI=/opt/models/mlp-example/model.pt
+.venv/bin/python -m pytest tests/e2e

@@ -7,6 +7,9 @@ packages=(
   curl ca-certificates  # binaries.sh: official release downloads where the internet is reachable
   iproute2              # network namespaces for fake pods with routable IPs
   prometheus            # the autoscaler's metrics source in tests and the demo
+  containerd runc containernetworking-plugins  # the local cluster's real node
+  iptables conntrack    # kube-proxy on the real node
+  gcc libc6-dev         # the real node's static sandbox ("pause") binary
 )
 
 missing=()

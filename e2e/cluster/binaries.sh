@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Resolves the upstream binaries of Kiln's local control plane and prints the directory holding them.
+# `binaries.sh node` resolves the real node's agents instead (kubelet, kube-proxy), in a cache
+# entry of their own, so a machine that only needs the control plane never builds them.
 #
 # Why it exists: kind needs an image registry, which some machines cannot reach; the upstream
 # binaries started as plain processes are the same control plane (envtest and kwokctl do this).
@@ -17,8 +19,16 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=versions.env
 source "$here/versions.env"
 
-binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
-key="${KUBERNETES_VERSION}-etcd${ETCD_VERSION}-kwok${KWOK_VERSION}"
+mode=${1:-control-plane}
+case "$mode" in
+  control-plane)
+    binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
+    key="${KUBERNETES_VERSION}-etcd${ETCD_VERSION}-kwok${KWOK_VERSION}" ;;
+  node)
+    binaries=(kubelet kube-proxy)
+    key="${KUBERNETES_VERSION}-node" ;;
+  *) echo "usage: binaries.sh [control-plane|node]" >&2; exit 2 ;;
+esac
 cache_root="${KILN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln}"
 cache_dir="$cache_root/k8s/$key"
 
@@ -48,6 +58,11 @@ download() {
   local get=(curl -fsSL --connect-timeout 5 --max-time 600)
   local base="https://dl.k8s.io/release/$KUBERNETES_VERSION/bin/linux/$arch" b
   log "trying the official release downloads"
+  if [ "$mode" = node ]; then
+    for b in "${binaries[@]}"; do "${get[@]}" -o "$staging/$b" "$base/$b" || return 1; done
+    chmod +x "$staging"/*
+    return 0
+  fi
   for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
     "${get[@]}" -o "$staging/$b" "$base/$b" || return 1
   done
@@ -63,7 +78,14 @@ build_from_source() {
   local mod="$staging/src" gomod replaces minor
   mkdir -p "$mod"
   minor="v0.${KUBERNETES_VERSION#v1.}"
-  log "building Kubernetes $KUBERNETES_VERSION + etcd $ETCD_VERSION with go (many minutes on 2 cores)"
+  local packages=() tools_imports
+  if [ "$mode" = node ]; then
+    packages=(k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
+  else
+    packages=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl go.etcd.io/etcd/server/v3)
+  fi
+  log "building ${packages[*]} with go (many minutes on 2 cores)"
   gomod=$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')
   # k8s.io/kubernetes requires its staging modules at v0.0.0; point each at its published tag.
   replaces=$(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\t\1 => \1 '"$minor"'#p' "$gomod")
@@ -81,19 +103,8 @@ replace (
 $replaces
 )
 EOF
-  cat >"$mod/tools.go" <<'EOF'
-//go:build tools
-
-package tools
-
-import (
-	_ "go.etcd.io/etcd/server/v3"
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-EOF
+  tools_imports=$(printf '\t_ "%s"\n' "${packages[@]}")
+  printf '//go:build tools\n\npackage tools\n\nimport (\n%s\n)\n' "$tools_imports" >"$mod/tools.go"
   (
     cd "$mod"
     export GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
@@ -103,11 +114,10 @@ EOF
     local pkg=k8s.io/component-base/version
     local ld="-s -w -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)"
     ld="$ld -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION"
-    log "compiling kube-apiserver kube-controller-manager kube-scheduler kubectl etcd (go build -v lists packages)"
-    go build -v -ldflags "$ld" -o "$staging/" \
-      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
-      go.etcd.io/etcd/server/v3 2>&1 | awk '{ n++; if (n % 200 == 0) printf "[k8s-binaries] %d packages compiled, now %s\n", n, $0; fflush() }' >&2
+    log "compiling (go build -v lists packages)"
+    go build -v -ldflags "$ld" -o "$staging/" "${packages[@]}" 2>&1 \
+      | awk '{ n++; if (n % 200 == 0) printf "[k8s-binaries] %d packages compiled, now %s\n", n, $0; fflush() }' >&2
+    [ "$mode" = node ] && exit 0
     mv "$staging/v3" "$staging/etcd" 2>/dev/null || mv "$staging/server" "$staging/etcd"
     log "compiling kwok $KWOK_VERSION"
     GOBIN="$staging" go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" >&2

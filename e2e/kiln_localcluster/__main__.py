@@ -11,7 +11,9 @@ from kiln_localcluster.volumes import provision_claim
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kiln-localcluster", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "status", "run-pods", "provide-claim"])
+    parser.add_argument(
+        "command", choices=["up", "down", "status", "run-pods", "provide-claim", "import-image"]
+    )
     parser.add_argument(
         "--state-dir",
         type=Path,
@@ -23,16 +25,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, help="provide-claim: the directory it offers")
     parser.add_argument("--nodes", type=int, default=ClusterOptions.nodes)
     parser.add_argument("--gpus-per-node", type=int, default=ClusterOptions.gpus_per_node)
+    parser.add_argument(
+        "--real-node",
+        action="store_true",
+        help="up: also run a real node (containerd, kubelet, kube-proxy); needs root",
+    )
+    parser.add_argument("--image", help="import-image: a Docker image to give the real node")
     args = parser.parse_args(argv)
     state_dir = args.state_dir.resolve()
     cluster = LocalCluster(
-        state_dir, ClusterOptions(nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+        state_dir,
+        ClusterOptions(
+            nodes=args.nodes, gpus_per_node=args.gpus_per_node, real_node=args.real_node
+        ),
     )
     if args.command == "up":
         print(f"export KUBECONFIG={cluster.up().kubeconfig}")
     elif args.command == "down":
         cluster.down()
         print("local cluster stopped", file=sys.stderr)
+    elif args.command == "import-image":
+        if not args.image:
+            print("import-image needs --image", file=sys.stderr)
+            return 1
+        cluster.import_image(args.image)
     elif args.command == "provide-claim":
         if (info := cluster.info()) is None or not (args.namespace and args.claim and args.dir):
             print("needs a running cluster and --namespace, --claim, --dir", file=sys.stderr)

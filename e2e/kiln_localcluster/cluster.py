@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from kiln_localcluster import pki, podnet, prometheus
+from kiln_localcluster import node, pki, podnet, prometheus
 from kiln_localcluster.nodes import build_gpu_node
 from kiln_localcluster.podrunner import ApiReader, targets_file
 from kiln_localcluster.processes import ProcessTable, free_ports, is_running, spawn, wait_started
@@ -42,6 +42,8 @@ class ClusterOptions:
     gpu_product: str = "NVIDIA-A100-SXM4-80GB"
     # Node i gets <prefix>.i.0/24; the pod IPs kwok hands out come from there.
     pod_cidr_prefix: str = "10.244"
+    real_node: bool = False
+    """Also run a real node (containerd, kubelet, kube-proxy) named `kiln-node`: see node.py."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class LocalCluster:
         self.network = podnet.PodNetwork(
             pod_cidr=f"{self.options.pod_cidr_prefix}.0.0/16", service_cidr=SERVICE_CIDR
         )
+        self.node_paths = node.NodePaths(cluster_dir=self.dir, state_dir=state_dir)
 
     # ------------------------------------------------------------------ queries
     def info(self) -> ClusterInfo | None:
@@ -131,6 +134,8 @@ class LocalCluster:
         """Stop exactly the processes this cluster started (by PID) and forget its state."""
         table_path = self.dir / "processes.json"
         ran_pods = False
+        if self.node_paths.processes.exists():
+            node.teardown(self.node_paths, resolve_binaries("node"))
         if table_path.exists():
             table = ProcessTable(table_path)
             ran_pods = any(p.name == "pod-runner" for p in table.processes)
@@ -151,11 +156,10 @@ class LocalCluster:
     # ------------------------------------------------------------------ the start sequence
     def _start(self, bin_dir: Path, table: ProcessTable) -> ClusterInfo:
         logs = self.dir / "logs"
-        material = pki.create_pki(
-            self.dir / "pki",
-            [pki.ADMIN, pki.CONTROLLER_MANAGER, pki.SCHEDULER, pki.KWOK],
-            datetime.datetime.now(datetime.UTC),
-        )
+        identities = [pki.ADMIN, pki.CONTROLLER_MANAGER, pki.SCHEDULER, pki.KWOK]
+        if self.options.real_node:
+            identities += [pki.KUBELET, pki.KUBE_PROXY]
+        material = pki.create_pki(self.dir / "pki", identities, datetime.datetime.now(datetime.UTC))
         etcd_port, peer_port, api_port = free_ports(3)
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         server = f"https://127.0.0.1:{api_port}"
@@ -208,9 +212,16 @@ class LocalCluster:
                 f"--tls-cert-file={material.serving_cert}",
                 f"--tls-private-key-file={material.serving_key}",
                 f"--client-ca-file={material.ca_cert}",
-                "--authorization-mode=RBAC",
+                # The Node authorizer and NodeRestriction confine the real node's kubelet to
+                # its own node and pods, as in any production cluster.
+                "--authorization-mode=Node,RBAC",
                 "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,PodSecurity,"
-                "DefaultTolerationSeconds,ResourceQuota,LimitRanger",
+                "DefaultTolerationSeconds,ResourceQuota,LimitRanger,NodeRestriction",
+                # The API server's client identity towards kubelets (logs, exec).
+                f"--kubelet-client-certificate={material.client_cert(pki.ADMIN)}",
+                f"--kubelet-client-key={material.client_key(pki.ADMIN)}",
+                # By its IP: a node name resolves nowhere here, and must not be asked of DNS.
+                "--kubelet-preferred-address-types=InternalIP",
                 "--allow-privileged=true",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={material.service_account_pub}",
@@ -301,7 +312,9 @@ class LocalCluster:
         shutil.copyfile(admin_kubeconfig, self.kubeconfig)
         self.kubeconfig.chmod(0o600)
         self._info_path.write_text(json.dumps(asdict(info), indent=2))
-        if (reason := podnet.available()) is None:
+        if self.options.nodes == 0:
+            _say("no fake GPU nodes: no pod runner")
+        elif (reason := podnet.available()) is None:
             podnet.create_bridge(self.network)
             table.add(
                 spawn(
@@ -337,8 +350,11 @@ class LocalCluster:
             )
             for i in range(self.options.nodes)
         ]
-        kubectl(info, "apply", "-f", "-", input=yaml.safe_dump_all(nodes))
-        kubectl(info, "wait", "--for=condition=Ready", "node", "--all", "--timeout=60s")
+        if nodes:
+            kubectl(info, "apply", "-f", "-", input=yaml.safe_dump_all(nodes))
+        if self.options.real_node:
+            self._start_real_node(info, material, server)
+        kubectl(info, "wait", "--for=condition=Ready", "node", "--all", "--timeout=120s")
         wait_for(
             lambda: (
                 kubectl(
@@ -350,6 +366,35 @@ class LocalCluster:
             description="the default service account (service-account controller)",
         )
         return info
+
+    def _start_real_node(self, info: ClusterInfo, material: pki.Pki, server: str) -> None:
+        if (missing := node.available()) is not None:
+            raise RuntimeError(f"cannot run the real node: {missing}")
+        _say("starting the real node (containerd, kubelet, kube-proxy)")
+        node.start(
+            self.node_paths,
+            resolve_binaries("node"),
+            node.NodeCredentials(
+                kubelet_kubeconfig=self._write_kubeconfig(material, pki.KUBELET, server),
+                proxy_kubeconfig=self._write_kubeconfig(material, pki.KUBE_PROXY, server),
+                ca_cert=material.ca_cert,
+            ),
+            gpu_product=self.options.gpu_product,
+            service_cidr=SERVICE_CIDR,
+        )
+        wait_for(
+            lambda: kubectl(info, "get", "node", node.NODE_NAME, check=False).returncode == 0,
+            timeout=60,
+            description=f"node {node.NODE_NAME} registered by its kubelet",
+        )
+        kubectl(
+            info, "patch", "node", node.NODE_NAME, "--subresource=status", "--type=merge",
+            "-p", node.advertise_gpus_patch(self.options.gpus_per_node),
+        )  # fmt: skip
+
+    def import_image(self, image: str) -> None:
+        """Make a Docker image of this machine available to the real node's containerd."""
+        node.import_image(self.node_paths, image)
 
     def _write_kubeconfig(self, material: pki.Pki, identity: pki.Identity, server: str) -> Path:
         path = self.dir / "kubeconfigs" / f"{identity.name.replace(':', '-')}.kubeconfig"
@@ -408,10 +453,11 @@ def kubectl(
     return result
 
 
-def resolve_binaries() -> Path:
-    """The directory of the pinned binaries (the script may build them: progress on stderr)."""
+def resolve_binaries(kind: str = "control-plane") -> Path:
+    """The directory of the pinned binaries of ``kind`` (control-plane or node); the script may
+    build them (progress on stderr)."""
     result = subprocess.run(
-        ["bash", str(BINARIES_SCRIPT)],
+        ["bash", str(BINARIES_SCRIPT), kind],
         stdout=subprocess.PIPE,
         stderr=sys.stderr,
         text=True,

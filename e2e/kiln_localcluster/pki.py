@@ -31,6 +31,11 @@ ADMIN = Identity("kiln-admin", ("system:masters",))
 CONTROLLER_MANAGER = Identity("system:kube-controller-manager")
 SCHEDULER = Identity("system:kube-scheduler")
 KWOK = Identity("kwok-controller", ("system:masters",))
+# The real node's agents: the Node authorizer knows a kubelet by this name and group, and the
+# bootstrap policy binds `system:node-proxier` to kube-proxy's user.
+NODE_NAME = "kiln-node"
+KUBELET = Identity(f"system:node:{NODE_NAME}", ("system:nodes",))
+KUBE_PROXY = Identity("system:kube-proxy")
 
 
 def _key() -> ec.EllipticCurvePrivateKey:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kiln_localcluster import prometheus
+from kiln_localcluster import podnet, prometheus
 from kiln_localcluster.cluster import ClusterInfo, LocalCluster, kubectl
 from kiln_localcluster.podrunner import targets_file
 from kiln_localcluster.processes import stop
@@ -68,6 +68,20 @@ def cluster() -> Iterator[Cluster]:
     yield Cluster(info)
     if started_here and not os.environ.get("KILN_KEEP_CLUSTER"):
         local.down()
+
+
+def missing_component(reason: str) -> None:
+    """Skip for lack of `reason` on a developer's machine; fail in CI, which must run it all."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI runs every test: install what it needs)")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def pod_network() -> None:
+    """Tests whose pods run real processes need the pod runner's network namespaces (root)."""
+    if (missing := podnet.available()) is not None:
+        missing_component(missing)
 
 
 @pytest.fixture

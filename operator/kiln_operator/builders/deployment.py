@@ -17,8 +17,9 @@ from kiln_operator.builders.runtime_config import render_runtime_config
 
 MODEL_VOLUME = "model"
 TMP_VOLUME = "tmp"
-RUNTIME_USER_ID = 1000
-"""A non-root uid for the restricted Pod Security profile; the runtime image runs as it."""
+RUNTIME_USER_ID = 10001
+"""A non-root uid for the restricted Pod Security profile: the runtime image's own user
+(`runtime_image/Dockerfile` creates it; a test keeps the two equal)."""
 STARTUP_PERIOD_SECONDS = 5
 PROGRESS_DEADLINE_FLOOR_SECONDS = 600
 

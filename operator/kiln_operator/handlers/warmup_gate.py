@@ -32,6 +32,7 @@ from kiln_operator.warmup.podstate import (
     needs_warmup,
     summarize,
     summary_status,
+    verdict_outlived_its_container,
 )
 from kiln_operator.warmup.probe import run_attempt
 
@@ -99,6 +100,15 @@ async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> No
             if service:
                 await publish_summary(memo.kube, memo.cache, pod["metadata"]["namespace"], service)
         return
+    if uid not in tasks and verdict_outlived_its_container(pod):
+        # Before the restarted container turns ready: the old verdict must not admit it.
+        patch = condition_patch(
+            False, warmup.REASON_WARMING, "the runtime container restarted: warming up again",
+            _now(),
+        )  # fmt: skip
+        await memo.kube.strategic_patch_status(PODS, pod["metadata"]["namespace"],
+                                               pod["metadata"]["name"], patch)  # fmt: skip
+        return  # the patch comes back as an event; needs_warmup takes it from there
     if uid in tasks or not needs_warmup(pod):
         return
     task = asyncio.create_task(_warm_up(memo.kube, memo.cache, pod), name=f"warm-up {uid}")

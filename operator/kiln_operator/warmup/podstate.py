@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln_operator import constants
-from kiln_operator.warmup.plan import REASON_WARMING, percentile
+from kiln_operator.warmup.plan import REASON_GATE_DISABLED, REASON_WARMING, percentile
 
 Pod = dict[str, Any]
 
@@ -49,6 +49,35 @@ def needs_warmup(pod: Pod) -> bool:
         return False
     gate = gate_condition(pod)
     return gate is None or gate.get("reason") == REASON_WARMING
+
+
+def verdict_outlived_its_container(pod: Pod) -> bool:
+    """True when the gate's verdict predates the runtime container that runs now.
+
+    A container the kubelet restarted (a crash, an OOM kill, a failed liveness probe) lost what
+    warm-up built — compiled graphs, allocator pools, caches — so the verdict given to its
+    predecessor must not let it take traffic: the gate has to be decided again.
+    """
+    gate = gate_condition(pod)
+    if (
+        gate is None
+        or gate.get("reason") in (REASON_WARMING, REASON_GATE_DISABLED)
+        or not gate.get("lastTransitionTime")
+        or pod["metadata"].get("deletionTimestamp")
+    ):
+        return False
+    decided = _timestamp(gate["lastTransitionTime"])
+    for status in pod.get("status", {}).get("containerStatuses") or []:
+        if status.get("name") != constants.RUNTIME_CONTAINER or not status.get("restartCount"):
+            continue
+        moments = [
+            (status.get("state") or {}).get("running", {}).get("startedAt"),
+            (status.get("state") or {}).get("terminated", {}).get("finishedAt"),
+            (status.get("lastState") or {}).get("terminated", {}).get("finishedAt"),
+        ]
+        if any(m and _timestamp(m) > decided for m in moments):
+            return True
+    return False
 
 
 def condition_patch(

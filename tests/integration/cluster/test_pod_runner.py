@@ -22,7 +22,7 @@ from tests.integration.conftest import Cluster
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(podnet.available() is not None, reason=str(podnet.available())),
+    pytest.mark.usefixtures("pod_network"),
 ]
 
 

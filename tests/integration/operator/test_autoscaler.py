@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from kiln_localcluster import podnet
 from kiln_localcluster.load import ready_endpoints, run_load
 from kiln_localcluster.processes import stop
 from kiln_localcluster.prometheus import LocalPrometheus
@@ -25,7 +24,7 @@ from tests.integration.operator.conftest import apply, condition, mlp_service
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(podnet.available() is not None, reason=str(podnet.available())),
+    pytest.mark.usefixtures("pod_network"),
 ]
 
 HOLD_SECONDS = 20

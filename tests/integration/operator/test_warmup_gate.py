@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from kiln_localcluster import podnet
 from kiln_localcluster.load import ready_endpoints
 from kiln_localcluster.waiting import wait_for
 from tests.integration.conftest import Cluster
@@ -18,7 +17,7 @@ from tests.integration.operator.conftest import apply, condition, mlp_service
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(podnet.available() is not None, reason=str(podnet.available())),
+    pytest.mark.usefixtures("pod_network"),
 ]
 
 GATE = "serving.kiln.dev/warmed-up"

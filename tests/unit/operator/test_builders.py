@@ -1,6 +1,8 @@
 """The pure builders: golden manifests for the full sample, and the rules each must keep."""
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from kiln_operator.builders import (
     build_service,
     build_service_monitor,
 )
+from kiln_operator.builders.deployment import RUNTIME_USER_ID
 from kiln_operator.builders.naming import label_selector_string
 from kiln_operator.builders.pdb import wants_pdb
 from tests.unit.operator.conftest import assert_golden, sample_spec
@@ -211,3 +214,14 @@ def test_status_selector_string_matches_the_pod_selector() -> None:
     assert label_selector_string("mlp") == (
         "app.kubernetes.io/component=predictor,app.kubernetes.io/instance=mlp"
     )
+
+
+def test_pods_run_as_the_runtime_images_own_user() -> None:
+    """The pod's uid and the image's user are one value: a kubelet runs the image as the pod
+    says, and files the image owns must stay readable."""
+    dockerfile = (Path(__file__).resolve().parents[3] / "runtime_image" / "Dockerfile").read_text()
+    created = re.search(r"useradd .*--uid (\d+)", dockerfile)
+    user = re.search(r"^USER (\d+):(\d+)$", dockerfile, re.MULTILINE)
+    assert created is not None and user is not None
+    assert int(created.group(1)) == RUNTIME_USER_ID
+    assert (int(user.group(1)), int(user.group(2))) == (RUNTIME_USER_ID, RUNTIME_USER_ID)

@@ -93,3 +93,58 @@ def test_status_leaves_out_what_is_not_known() -> None:
         "coldStartP50Seconds": 30.0,
         "coldStartP90Seconds": 30.0,
     }
+
+
+def runtime_status(restarts: int, **state: Any) -> list[dict[str, Any]]:
+    return [{"name": "runtime", "restartCount": restarts, **state}]
+
+
+def test_a_container_restarted_after_the_verdict_must_warm_up_again() -> None:
+    # The gate passed at 00:00:30 (the helper's transition time).
+    crashed = pod(
+        (GATE, "True", "WarmedUp"),
+        containerStatuses=runtime_status(
+            1,
+            state={"waiting": {"reason": "CrashLoopBackOff"}},
+            lastState={"terminated": {"finishedAt": "2026-01-01T00:05:00Z"}},
+        ),
+    )
+    assert podstate.verdict_outlived_its_container(crashed)
+    restarted = pod(
+        (GATE, "False", "P99OverBound"),
+        containerStatuses=runtime_status(
+            1, state={"running": {"startedAt": "2026-01-01T00:06:00Z"}}
+        ),
+    )
+    assert podstate.verdict_outlived_its_container(restarted)
+
+
+def test_a_verdict_given_to_the_running_container_stands() -> None:
+    first_start = pod(
+        (GATE, "True", "WarmedUp"),
+        containerStatuses=runtime_status(
+            0, state={"running": {"startedAt": "2026-01-01T00:00:10Z"}}
+        ),
+    )
+    assert not podstate.verdict_outlived_its_container(first_start)
+    # A restart before the verdict (e.g. a slow first load): the verdict is the new container's.
+    early_restart = pod(
+        (GATE, "True", "WarmedUp"),
+        containerStatuses=runtime_status(
+            1,
+            state={"running": {"startedAt": "2026-01-01T00:00:20Z"}},
+            lastState={"terminated": {"finishedAt": "2026-01-01T00:00:15Z"}},
+        ),
+    )
+    assert not podstate.verdict_outlived_its_container(early_restart)
+
+
+def test_no_verdict_yet_or_a_disabled_gate_is_not_stale() -> None:
+    late = runtime_status(2, state={"running": {"startedAt": "2026-01-01T00:09:00Z"}})
+    assert not podstate.verdict_outlived_its_container(pod(containerStatuses=late))
+    assert not podstate.verdict_outlived_its_container(
+        pod((GATE, "False", "WarmingUp"), containerStatuses=late)
+    )
+    assert not podstate.verdict_outlived_its_container(
+        pod((GATE, "True", "GateDisabled"), containerStatuses=late)
+    )

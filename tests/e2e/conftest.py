@@ -1,0 +1,195 @@
+"""The end-to-end suite's cluster: any kubeconfig, or the local cluster with a real node.
+
+Why it exists: the integration tier checks each part against a real control plane; this suite
+checks what a user's cluster does with Kiln's output — the runtime image under a real kubelet,
+the generated pod spec under Pod Security `restricted`, traffic through a Service's cluster IP.
+
+- `KILN_E2E_KUBECONFIG` set: that cluster is used as it is (Kiln's CRD and operator installed,
+  e.g. by `e2e/kind.sh`; the runtime image `KILN_E2E_RUNTIME_IMAGE` loaded on its nodes, with the
+  example model at `KILN_E2E_MODEL_URI`); Services are reached through `kubectl port-forward`.
+- Otherwise the local cluster starts with one real node (containerd, kubelet, kube-proxy) and no
+  fake nodes, in its own state directory (`.kiln/e2e`), the runtime image is imported into the
+  node, the CRDs are installed and the operator runs as a process of this machine.
+"""
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiln_localcluster import node
+from kiln_localcluster.cluster import ClusterOptions, LocalCluster, resolve_binaries
+from kiln_localcluster.volumes import provision_claim
+from kiln_localcluster.waiting import wait_for
+from tests.integration.conftest import missing_component
+
+REPO = Path(__file__).resolve().parents[2]
+STATE_DIR = REPO / ".kiln" / "e2e"
+RUNTIME_IMAGE = os.environ.get("KILN_E2E_RUNTIME_IMAGE", "kiln/runtime:dev")
+EXTERNAL_MODEL_URI = os.environ.get("KILN_E2E_MODEL_URI", "")
+"""On a cluster of the user's: the example MLP's path inside the runtime image (`e2e/kind.sh`
+bakes it in), since the suite cannot write to that cluster's nodes."""
+RUNTIME_UID = 10001
+
+
+@dataclass
+class E2ECluster:
+    """A cluster the suite drives with kubectl; `local` when it is this machine's."""
+
+    kubeconfig: Path
+    kubectl_path: Path
+    local: LocalCluster | None
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(self.kubectl_path), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input, capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        return result
+
+    def get_json(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+
+def _start_operator(cluster: E2ECluster, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "KILN_RESYNC_SECONDS": "5"}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "kiln_operator", "run", "--standalone"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[E2ECluster]:
+    external = os.environ.get("KILN_E2E_KUBECONFIG")
+    kubectl_path = Path(os.environ.get("KILN_E2E_KUBECTL", resolve_binaries() / "kubectl"))
+    if external:
+        yield E2ECluster(Path(external), kubectl_path, local=None)
+        return
+    if (missing := node.available()) is not None:
+        missing_component(missing)
+    if subprocess.run(["docker", "image", "inspect", RUNTIME_IMAGE], capture_output=True,
+                      check=False).returncode != 0:  # fmt: skip
+        subprocess.run(
+            ["make", "image-runtime", f"RUNTIME_IMAGE={RUNTIME_IMAGE}"],
+            cwd=REPO, check=True, timeout=1800,
+        )  # fmt: skip
+    local = LocalCluster(STATE_DIR, ClusterOptions(nodes=0, real_node=True))
+    local.down()  # a cluster left by an interrupted run
+    info = local.up()
+    operator: subprocess.Popen[bytes] | None = None
+    try:
+        local.import_image(RUNTIME_IMAGE)
+        cluster = E2ECluster(Path(info.kubeconfig), kubectl_path, local=local)
+        cluster.kubectl("apply", "-k", str(REPO / "crds"))
+        cluster.kubectl(
+            "wait", "--for=condition=Established", "--timeout=60s",
+            "crd/inferenceservices.serving.kiln.dev",
+        )  # fmt: skip
+        operator = _start_operator(cluster, STATE_DIR / "operator.log")
+        yield cluster
+    finally:
+        if operator is not None and operator.poll() is None:
+            operator.send_signal(signal.SIGTERM)
+            try:
+                operator.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+                operator.wait(timeout=10)
+        if not os.environ.get("KILN_KEEP_CLUSTER"):
+            local.down()
+
+
+@pytest.fixture
+def namespace(cluster: E2ECluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace that enforces Pod Security `restricted`, deleted afterwards."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{stem}-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl(
+        "label", "namespace", name,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    )  # fmt: skip
+    wait_for(
+        lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+        timeout=30,
+        description=f"default service account in {name}",
+    )
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@dataclass(frozen=True)
+class Model:
+    """Where the example MLP is: its URI in the spec, and the claim holding it (if any)."""
+
+    uri: str
+    claim: str | None
+
+
+@pytest.fixture
+def model(cluster: E2ECluster, namespace: str) -> Model:
+    """The example MLP; on the local cluster on a claim `models` bound to a real volume (a
+    directory of the node, mounted read-only by the kubelet)."""
+    if cluster.local is None:
+        if not EXTERNAL_MODEL_URI:
+            pytest.fail("KILN_E2E_KUBECONFIG needs KILN_E2E_MODEL_URI (see e2e/kind.sh)")
+        return Model(uri=EXTERNAL_MODEL_URI, claim=None)
+    models = STATE_DIR / "models" / namespace
+    subprocess.run(
+        [sys.executable, "-m", "kiln_runtime", "example-model", "--kind", "mlp",
+         "--out", str(models / "mlp")],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    for path in [models, *models.rglob("*")]:  # readable by the image's unprivileged user
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    info = cluster.local.recorded_info()
+    assert info is not None
+    provision_claim(info, namespace, "models", models)
+    return Model(uri="pvc://models/mlp/model.pt", claim="models")
+
+
+@contextlib.contextmanager
+def service_address(cluster: E2ECluster, namespace: str, name: str) -> Iterator[dict[int, str]]:
+    """`host:port` for each of the Service's ports: its cluster IP on the local cluster (through
+    kube-proxy), a `kubectl port-forward` elsewhere (a user's host seldom routes cluster IPs)."""
+    service = cluster.get_json("service", name, "-n", namespace)
+    ports = [p["port"] for p in service["spec"]["ports"]]
+    if cluster.local is not None:
+        yield {port: f"{service['spec']['clusterIP']}:{port}" for port in ports}
+        return
+    forward = subprocess.Popen(
+        [str(cluster.kubectl_path), f"--kubeconfig={cluster.kubeconfig}", "port-forward",
+         "-n", namespace, f"service/{name}", *(f":{port}" for port in ports)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert forward.stdout is not None
+        local: dict[int, str] = {}
+        while len(local) < len(ports):
+            line = forward.stdout.readline()
+            if not line:
+                raise AssertionError("kubectl port-forward ended before forwarding")
+            if match := re.match(r"Forwarding from 127\.0\.0\.1:(\d+) -> (\d+)", line):
+                local[int(match.group(2))] = f"127.0.0.1:{match.group(1)}"
+        yield local
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)

@@ -1,0 +1,219 @@
+"""Kiln on a real node: its image under a kubelet, its pod spec under `restricted`, its traffic
+through a Service's cluster IP."""
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import yaml
+
+from kiln_localcluster import node
+from kiln_localcluster.waiting import wait_for
+from tests.e2e.conftest import RUNTIME_IMAGE, RUNTIME_UID, E2ECluster, Model, service_address
+from tests.integration.conftest import missing_component
+
+GATE = "serving.kiln.dev/warmed-up"
+HTTP, GRPC = 8000, 8001
+READ_ONLY = "Read-only file system"
+MODEL = "mlp"
+
+
+def inference_service(name: str, model: Model, **spec: Any) -> str:
+    body: dict[str, Any] = {
+        "apiVersion": "serving.kiln.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {
+                "uri": model.uri,
+                "format": "torchscript",
+                "inputs": [{"name": "INPUT__0", "datatype": "FP32", "shape": [512]}],
+                "outputs": [{"name": "OUTPUT__0", "datatype": "FP32", "shape": [10]}],
+            },
+            "runtime": {"image": RUNTIME_IMAGE, "imagePullPolicy": "Never"},
+            "resources": {"gpuCount": 0, "cpu": "1", "memory": "2Gi"},
+            "warmup": {"requests": 50, "concurrency": 4, "p99Milliseconds": 500},
+            "slo": {"p99LatencyMilliseconds": 100},
+            "autoscaling": {"minReplicas": 1, "maxReplicas": 2},
+            **spec,
+        },
+    }
+    return yaml.safe_dump(body)
+
+
+def infer_http(address: str) -> np.ndarray:
+    client = httpclient.InferenceServerClient(address, connection_timeout=2.0, network_timeout=5.0)
+    try:
+        tensor = httpclient.InferInput("INPUT__0", [1, 512], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 512), dtype=np.float32))
+        result: np.ndarray = client.infer(MODEL, [tensor]).as_numpy("OUTPUT__0")
+        return result
+    finally:
+        client.close()
+
+
+def infer_grpc(address: str) -> np.ndarray:
+    client = grpcclient.InferenceServerClient(address)
+    try:
+        tensor = grpcclient.InferInput("INPUT__0", [1, 512], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 512), dtype=np.float32))
+        result: np.ndarray = client.infer(MODEL, [tensor], client_timeout=5.0).as_numpy("OUTPUT__0")
+        return result
+    finally:
+        client.close()
+
+
+def runtime_pods(cluster: E2ECluster, namespace: str) -> list[dict[str, Any]]:
+    listing = cluster.get_json("pods", "-n", namespace, "-l", "serving.kiln.dev/inferenceservice")
+    pods: list[dict[str, Any]] = listing["items"]
+    return pods
+
+
+def ready_addresses(cluster: E2ECluster, namespace: str, name: str) -> set[str]:
+    slices = cluster.get_json(
+        "endpointslices", "-n", namespace, "-l", f"kubernetes.io/service-name={name}"
+    )
+    return {
+        address
+        for item in slices["items"]
+        for endpoint in item.get("endpoints") or []
+        if (endpoint.get("conditions") or {}).get("ready")
+        for address in endpoint["addresses"]
+    }
+
+
+def apply_and_serve(cluster: E2ECluster, namespace: str, model: Model, name: str) -> float:
+    """Apply, then infer through the Service until it answers; seconds from apply."""
+    started = time.monotonic()
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=inference_service(name, model))
+    wait_for(
+        lambda: cluster.kubectl("get", "svc", name, "-n", namespace, check=False).returncode == 0,
+        timeout=30,
+        description="the Service",
+    )
+    with service_address(cluster, namespace, name) as address:
+
+        def answered() -> bool:
+            try:
+                return infer_http(address[HTTP]).shape == (1, 10)
+            except Exception:
+                return False
+
+        wait_for(answered, timeout=240, interval=0.25, description="an inference via the Service")
+    return time.monotonic() - started
+
+
+def test_apply_to_ready_to_inference_through_the_cluster_ip(
+    cluster: E2ECluster, namespace: str, model: Model
+) -> None:
+    seconds = apply_and_serve(cluster, namespace, model, "mlp")
+    print(f"\napply -> first inference through the Service: {seconds:.1f} s")
+    with service_address(cluster, namespace, "mlp") as address:
+        assert infer_grpc(address[GRPC]).shape == (1, 10)
+        np.testing.assert_allclose(infer_grpc(address[GRPC]), infer_http(address[HTTP]), rtol=1e-5)
+    # The first answer came only once the warm-up gate had admitted the pod.
+    (pod,) = runtime_pods(cluster, namespace)
+    gate = next(c for c in pod["status"]["conditions"] if c["type"] == GATE)
+    assert gate["status"] == "True", gate
+    cluster.kubectl(
+        "wait", "-n", namespace, "--for=condition=Ready", "inferenceservice/mlp", "--timeout=60s"
+    )
+    assert pod["spec"]["nodeName"] == node.NODE_NAME
+
+
+def exec_in_runtime(cluster: E2ECluster, namespace: str, pod: str, code: str) -> str:
+    result = cluster.kubectl(
+        "exec", "-n", namespace, pod, "-c", "runtime", "--", "python", "-c", code, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_generated_pod_runs_restricted_as_the_images_user_on_a_read_only_model(
+    cluster: E2ECluster, namespace: str, model: Model
+) -> None:
+    apply_and_serve(cluster, namespace, model, "mlp")
+    (pod,) = runtime_pods(cluster, namespace)
+    name = pod["metadata"]["name"]
+    # Admitted by Pod Security `restricted` (the namespace enforces it) and run as the image's
+    # own user, not root.
+    ids = json.loads(
+        exec_in_runtime(
+            cluster,
+            namespace,
+            name,
+            "import os, json; print(json.dumps([os.getuid(), os.getgid()]))",
+        )
+    )
+    assert ids == [RUNTIME_UID, RUNTIME_UID]
+    # Writable only where the spec gives a writable volume; the model's claim is read-only.
+    expected = {"/probe": READ_ONLY, "/opt/kiln/probe": READ_ONLY, "/tmp/probe": "written"}
+    if model.claim is not None:
+        expected[f"/models/{model.claim}/probe"] = READ_ONLY
+    probe = (
+        "import json\n"
+        "out = {}\n"
+        f"for path in {sorted(expected)!r}:\n"
+        "    try:\n"
+        "        open(path, 'w').write('x'); out[path] = 'written'\n"
+        "    except OSError as error:\n"
+        "        out[path] = error.strerror\n"
+        "print(json.dumps(out))\n"
+    )
+    outcome = json.loads(exec_in_runtime(cluster, namespace, name, probe))
+    assert outcome == expected, outcome
+
+
+def test_killed_runtime_restarts_and_takes_traffic_only_after_warm_up_again(
+    cluster: E2ECluster, namespace: str, model: Model
+) -> None:
+    if cluster.local is None:
+        missing_component("the runtime is killed from the node's side: local cluster only")
+        return
+    apply_and_serve(cluster, namespace, model, "mlp")
+    (pod,) = runtime_pods(cluster, namespace)
+    name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
+    assert ready_addresses(cluster, namespace, "mlp") == {ip}
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://")[1]
+    tasks = node.ctr(cluster.local.node_paths, "tasks", "ls")
+    (pid,) = [int(line.split()[1]) for line in tasks.splitlines() if line.startswith(container_id)]
+    os.kill(pid, signal.SIGKILL)  # as the kernel's OOM killer would
+    killed_at = time.monotonic()
+
+    wait_for(
+        lambda: ip not in ready_addresses(cluster, namespace, "mlp"),
+        timeout=10,
+        interval=0.1,
+        description="the killed pod leaving the Service's ready endpoints",
+    )
+    left_after = time.monotonic() - killed_at
+
+    def regated() -> dict[str, Any] | None:
+        current = cluster.get_json("pod", name, "-n", namespace)
+        restarts = current["status"]["containerStatuses"][0]["restartCount"]
+        gate = next(c for c in current["status"]["conditions"] if c["type"] == GATE)
+        return current if restarts >= 1 and gate["reason"] == "WarmingUp" else None
+
+    wait_for(regated, timeout=60, interval=0.2, description="the gate reopened for warm-up")
+    wait_for(
+        lambda: ip in ready_addresses(cluster, namespace, "mlp"),
+        timeout=180,
+        description="the restarted pod back in the endpoints",
+    )
+    after = cluster.get_json("pod", name, "-n", namespace)
+    gate = next(c for c in after["status"]["conditions"] if c["type"] == GATE)
+    started = after["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
+    # Back only through a new warm-up verdict, given to the restarted container.
+    assert gate["status"] == "True" and gate["lastTransitionTime"] >= started, (gate, started)
+    with service_address(cluster, namespace, "mlp") as address:
+        wait_for(  # kube-proxy follows the endpoints within its sync period
+            lambda: infer_http(address[HTTP]).shape == (1, 10),
+            timeout=15,
+            description="an inference through the Service after the restart",
+        )
+    print(f"\nkilled pod left the ready endpoints after {left_after:.2f} s")
