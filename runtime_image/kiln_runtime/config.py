@@ -67,12 +67,21 @@ class DrainConfig:
 
 
 @dataclass(frozen=True)
+class ConnectionsConfig:
+    """gRPC connection lifetime: 0 keeps connections forever (the default outside Kubernetes)."""
+
+    max_age_seconds: float = 0.0
+    max_age_grace_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     model: ModelSpec
     optimization: OptimizationConfig = field(default_factory=OptimizationConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     drain: DrainConfig = field(default_factory=DrainConfig)
+    connections: ConnectionsConfig = field(default_factory=ConnectionsConfig)
 
     def max_request_bytes(self) -> int:
         """The largest request body accepted: the biggest batch as JSON text, with headroom.
@@ -152,7 +161,9 @@ def parse_config(document: Any, model_name: str | None = None) -> RuntimeConfig:
 
     ``model_name`` (from the command line) wins over ``model.name`` in the document.
     """
-    root = _object(document, "config", {"model", "optimization", "batching", "warmup", "drain"})
+    root = _object(
+        document, "config", {"model", "optimization", "batching", "warmup", "drain", "connections"}
+    )
     if "model" not in root:
         raise ConfigError("config.model: required (its inputs and outputs must be declared)")
     model = _object(root["model"], "model", {"name", "version", "format", "inputs", "outputs"})
@@ -207,14 +218,30 @@ def parse_config(document: Any, model_name: str | None = None) -> RuntimeConfig:
     )
 
     dr = _object(root.get("drain", {}), "drain", {"timeoutSeconds"})
-    timeout = dr.get("timeoutSeconds", 30)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
-        raise ConfigError(f"drain.timeoutSeconds: expected a number >= 0, got {timeout!r}")
-    drain = DrainConfig(timeout_seconds=float(timeout))
+    drain = DrainConfig(
+        timeout_seconds=_seconds(dr.get("timeoutSeconds", 30), "drain.timeoutSeconds", 0)
+    )
+
+    conn = _object(
+        root.get("connections", {}), "connections", {"maxAgeSeconds", "maxAgeGraceSeconds"}
+    )
+    connections = ConnectionsConfig(
+        max_age_seconds=_seconds(conn.get("maxAgeSeconds", 0), "connections.maxAgeSeconds", 0),
+        max_age_grace_seconds=_seconds(
+            conn.get("maxAgeGraceSeconds", 10), "connections.maxAgeGraceSeconds", 0.001
+        ),
+    )
 
     return RuntimeConfig(
-        model=spec, optimization=optimization, batching=batching, warmup=warmup, drain=drain
-    )
+        model=spec, optimization=optimization, batching=batching, warmup=warmup, drain=drain,
+        connections=connections,
+    )  # fmt: skip
+
+
+def _seconds(value: Any, where: str, minimum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+        raise ConfigError(f"{where}: expected a number >= {minimum:g}, got {value!r}")
+    return float(value)
 
 
 def parse_config_text(text: str, model_name: str | None = None) -> RuntimeConfig:
@@ -253,4 +280,8 @@ def to_document(config: RuntimeConfig) -> dict[str, Any]:
         },
         "warmup": {"batchSizes": list(config.warmup.batch_sizes)},
         "drain": {"timeoutSeconds": config.drain.timeout_seconds},
+        "connections": {
+            "maxAgeSeconds": config.connections.max_age_seconds,
+            "maxAgeGraceSeconds": config.connections.max_age_grace_seconds,
+        },
     }

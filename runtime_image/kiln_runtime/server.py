@@ -60,7 +60,11 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-model")
     dataplane = DataPlane(config, metrics, executor)
     http = HttpServer(RestAdapter(dataplane))
-    grpc_server = GrpcServer(InferenceServicer(dataplane).service())
+    grpc_server = GrpcServer(
+        InferenceServicer(dataplane).service(),
+        max_connection_age=config.connections.max_age_seconds,
+        max_age_grace=config.connections.max_age_grace_seconds,
+    )
     metrics_server, metrics_thread = start_http_server(
         options.metrics_port, addr=options.host, registry=metrics.registry
     )

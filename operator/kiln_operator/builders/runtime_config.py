@@ -40,6 +40,10 @@ def build_runtime_config(spec: InferenceServiceSpec, service_name: str) -> dict[
         },
         "warmup": {"batchSizes": warmup_batches},
         "drain": {"timeoutSeconds": spec.drain.max_request_seconds},
+        "connections": {
+            "maxAgeSeconds": spec.runtime.connections.max_age_seconds,
+            "maxAgeGraceSeconds": spec.runtime.connections.max_age_grace_seconds,
+        },
     }
 
 

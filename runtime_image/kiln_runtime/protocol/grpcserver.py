@@ -152,8 +152,12 @@ class GrpcService:
 class GrpcServer:
     """Owns the listening socket and the HTTP/2 connections of one gRPC service."""
 
-    def __init__(self, service: GrpcService) -> None:
+    def __init__(
+        self, service: GrpcService, max_connection_age: float = 0.0, max_age_grace: float = 10.0
+    ) -> None:
         self._service = service
+        self._max_connection_age = max_connection_age
+        self._max_age_grace = max_age_grace
         self._connections: set[Http2Connection] = set()
         self._server: asyncio.Server | None = None
 
@@ -161,7 +165,10 @@ class GrpcServer:
         loop = asyncio.get_running_loop()
         service = self._service
         self._server = await loop.create_server(
-            lambda: Http2Connection(service.handle, service.max_message, self._connections),
+            lambda: Http2Connection(
+                service.handle, service.max_message, self._connections,
+                self._max_connection_age, self._max_age_grace,
+            ),
             host, port, backlog=1024,
         )  # fmt: skip
         return int(self._server.sockets[0].getsockname()[1])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,9 @@ SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
 FRAME_SIZE_ERROR, REFUSED_STREAM, COMPRESSION_ERROR = 0x6, 0x7, 0x9
 
+MAX_STREAM_ID = 0x7FFF_FFFF
+AGE_JITTER = 0.1
+AGE_GOAWAY_GAP_SECONDS = 1.0
 DEFAULT_WINDOW = 65_535
 MAX_WINDOW = 2**31 - 1
 DEFAULT_MAX_FRAME = 16_384
@@ -130,8 +134,18 @@ SERVER_PREFACE = _settings_frame() + _window_update(0, CONNECTION_WINDOW - DEFAU
 
 
 class Http2Connection(asyncio.Protocol):
-    def __init__(self, handler: Handler, max_body: int, connections: set[Http2Connection]) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        max_body: int,
+        connections: set[Http2Connection],
+        max_age: float = 0.0,
+        max_age_grace: float = 10.0,
+    ) -> None:
         self._handler = handler
+        self._max_age = max_age
+        self._max_age_grace = max_age_grace
+        self._timers: list[asyncio.TimerHandle] = []
         self._max_body = max_body
         self._connections = connections
         self._transport: asyncio.Transport | None = None
@@ -157,8 +171,13 @@ class Http2Connection(asyncio.Protocol):
         self._transport = transport
         self._connections.add(self)
         transport.write(SERVER_PREFACE)
+        if self._max_age > 0:  # jittered, so connections made together do not age together
+            age = self._max_age * random.uniform(1 - AGE_JITTER, 1 + AGE_JITTER)
+            self._timers.append(asyncio.get_running_loop().call_later(age, self._age_out))
 
     def connection_lost(self, exc: Exception | None) -> None:
+        for timer in self._timers:
+            timer.cancel()
         self._connections.discard(self)
         self._transport = None
         for stream in self._streams.values():
@@ -505,6 +524,22 @@ class Http2Connection(asyncio.Protocol):
         self._flush()
         if not self._streams:
             self._transport.close()
+
+    def _age_out(self) -> None:
+        """The connection reached its maximum age: ask the client to reconnect, as gRPC servers'
+        MAX_CONNECTION_AGE does, so that a long-lived client re-enters the Service's balancing
+        and reaches replicas added since it connected. First a GOAWAY naming the highest stream
+        id (streams the client is opening right now are still served), a second later the final
+        one; calls still running when the grace ends are cut."""
+        if self._transport is None or self._going_away:
+            return
+        self._out.append(frame(GOAWAY, 0, 0, struct.pack(">LL", MAX_STREAM_ID, NO_ERROR)))
+        self._flush()
+        loop = asyncio.get_running_loop()
+        self._timers.append(loop.call_later(AGE_GOAWAY_GAP_SECONDS, self.shut_down))
+        self._timers.append(
+            loop.call_later(AGE_GOAWAY_GAP_SECONDS + self._max_age_grace, self.abort)
+        )
 
     def abort(self) -> None:
         if self._transport is not None:

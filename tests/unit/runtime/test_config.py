@@ -30,13 +30,19 @@ def test_the_contract_example_parses_with_every_field() -> None:
         "batching": {"maxBatchSize": 32, "maxQueueDelayMicroseconds": 2000, "maxQueueSize": 256},
         "warmup": {"batchSizes": [1, 8, 32]},
         "drain": {"timeoutSeconds": 30},
+        "connections": {"maxAgeSeconds": 30, "maxAgeGraceSeconds": 10},
     }  # fmt: skip
     config = parse_config(document)
     assert config.model.name == "mlp"
     assert config.model.inputs[0].shape == (512,)
     assert config.batching.max_queue_delay_microseconds == 2000
     assert config.warmup_batch_sizes() == (1, 8, 32)
-    assert to_document(config) == {**document, "drain": {"timeoutSeconds": 30.0}}
+    assert config.connections.max_age_seconds == 30
+    assert to_document(config) == {
+        **document,
+        "drain": {"timeoutSeconds": 30.0},
+        "connections": {"maxAgeSeconds": 30.0, "maxAgeGraceSeconds": 10.0},
+    }
 
 
 def test_defaults_fill_everything_but_inputs_and_outputs() -> None:
@@ -65,6 +71,9 @@ def test_command_line_name_wins_over_document_name() -> None:
         ({"optimization": {"cudaGraphs": "yes"}}, "optimization.cudaGraphs"),
         ({"warmup": {"batchSizes": [1, -2]}}, "warmup.batchSizes[1]"),
         ({"drain": {"timeoutSeconds": -1}}, "drain.timeoutSeconds"),
+        ({"connections": {"maxAgeSeconds": -5}}, "connections.maxAgeSeconds"),
+        ({"connections": {"maxAgeGraceSeconds": 0}}, "connections.maxAgeGraceSeconds"),
+        ({"connections": {"maxAge": 5}}, "connections: unknown key"),
         ({"extra": 1}, "config: unknown key"),
     ],
 )

@@ -137,13 +137,21 @@ class Harness:
         self._server: asyncio.Server | None = None
         self._peers: list[Peer] = []
 
-    async def serve(self, handler: Handler = echo, max_body: int = 1 << 20) -> None:
+    async def serve(
+        self,
+        handler: Handler = echo,
+        max_body: int = 1 << 20,
+        max_age: float = 0.0,
+        max_age_grace: float = 10.0,
+    ) -> None:
         async def recording(request: Request) -> Response:
             self.requests.append(request)
             return await handler(request)
 
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: Http2Connection(recording, max_body, self.connections), "127.0.0.1", 0
+            lambda: Http2Connection(recording, max_body, self.connections, max_age, max_age_grace),
+            "127.0.0.1",
+            0,
         )
 
     async def connect(self, kind: type[P]) -> P:
@@ -459,3 +467,56 @@ async def test_concurrent_streams_get_their_own_answers(harness: Harness) -> Non
         lambda events: all(has(h2.events.StreamEnded, sid)(events) for sid in paths)
     )
     assert {sid: body(events, sid) for sid in paths} == paths
+
+
+def goaways(frames: list[Frame]) -> list[tuple[int, int]]:
+    return [struct.unpack_from(">LL", f[3]) for f in frames if f[0] == http2.GOAWAY]
+
+
+async def test_an_aged_connection_is_asked_to_reconnect_and_loses_no_call(
+    harness: Harness,
+) -> None:
+    release = asyncio.Event()
+
+    async def handler(request: Request) -> Response:
+        await release.wait()
+        return Response(OK, request.headers[b":path"], TRAILERS)
+
+    await harness.serve(handler, max_age=0.2, max_age_grace=5.0)
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START + raw_headers(1, b"/running"))
+    frames = await peer.frames_until(lambda frames: len(goaways(frames)) == 1)
+    # First the GOAWAY that still admits streams the client may be opening right now...
+    assert goaways(frames) == [(http2.MAX_STREAM_ID, http2.NO_ERROR)]
+    peer.write(raw_headers(3, b"/racing"))
+    # ...then the final one, naming the last stream the server takes.
+    frames = await peer.frames_until(lambda frames: len(goaways(frames)) == 2)
+    assert goaways(frames)[1] == (3, http2.NO_ERROR)
+    release.set()
+    frames = await peer.frames_until(None)  # both answered, then the server closes
+    answered = {f[2]: f[3] for f in frames if f[0] == http2.DATA}
+    assert answered == {1: b"/running", 3: b"/racing"}
+
+
+async def test_calls_outliving_the_age_grace_are_cut(harness: Harness) -> None:
+    async def never(request: Request) -> Response:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    await harness.serve(never, max_age=0.1, max_age_grace=0.3)
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START + raw_headers(1, b"/stuck"))
+    started = asyncio.get_running_loop().time()
+    await peer.frames_until(None)
+    assert asyncio.get_running_loop().time() - started < http2.AGE_GOAWAY_GAP_SECONDS + 2
+
+
+async def test_connections_without_a_max_age_stay_open(harness: Harness) -> None:
+    await harness.serve()
+    client = await harness.connect(H2Client)
+    sid = client.request(b"/a")
+    await client.events_until(has(h2.events.StreamEnded, sid))
+    await asyncio.sleep(0.3)
+    assert not of(client.events, h2.events.ConnectionTerminated)
+    (connection,) = harness.connections
+    assert not connection.closed.done()

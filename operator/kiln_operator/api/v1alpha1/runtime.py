@@ -47,6 +47,19 @@ class BatchingSpec(ApiModel):
         return self
 
 
+class ConnectionsSpec(ApiModel):
+    """How long a client's gRPC connection lives. kube-proxy balances connections, not requests:
+    a client that connected before a scale-up keeps every request on its first pod until its
+    connection ends. The runtime ends each connection after maxAgeSeconds (±10 % jitter) with a
+    GOAWAY that lets in-flight calls finish; gRPC clients reconnect at once, through the Service,
+    and so spread over the new replicas."""
+
+    max_age_seconds: Annotated[int, Field(ge=0, le=86_400)] = 30
+    """Age at which the runtime asks a gRPC client to reconnect; 0 keeps connections forever."""
+    max_age_grace_seconds: Annotated[int, Field(ge=1, le=3_600)] = 10
+    """How long calls still running on an aged connection may take before it is closed."""
+
+
 class RuntimeSpec(ApiModel):
     """The serving container."""
 
@@ -58,3 +71,5 @@ class RuntimeSpec(ApiModel):
     """Graph preparation and precision."""
     batching: BatchingSpec = BatchingSpec()
     """Dynamic batching limits."""
+    connections: ConnectionsSpec = ConnectionsSpec()
+    """gRPC connection lifetime, so long-lived clients spread over new replicas."""
