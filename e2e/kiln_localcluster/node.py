@@ -243,6 +243,7 @@ def teardown(paths: NodePaths, node_bin_dir: Path) -> None:
         timeout=60,
         check=False,
     )
+    _remove_kube_chains()
     _unmount_below(paths.run)
     _remove_sandbox_namespaces(since=started - 60)
     subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
@@ -382,6 +383,22 @@ def _unmount_below(directory: Path) -> None:
     mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
     for mount in sorted((m for m in mounts if m.startswith(prefix)), reverse=True):
         subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
+
+
+def _remove_kube_chains() -> None:
+    """What ``kube-proxy --cleanup`` leaves (KUBE-FIREWALL, canaries, KUBE-MARK-MASQ): every
+    KUBE-* chain and every rule that jumps to one, rewritten table by table in one restore."""
+    for table in ("filter", "nat", "mangle"):
+        saved = subprocess.run(
+            ["iptables-save", "-t", table], capture_output=True, text=True, check=False
+        ).stdout
+        if "KUBE-" not in saved:
+            continue
+        kept = [line for line in saved.splitlines() if "KUBE-" not in line]
+        subprocess.run(
+            ["iptables-restore", "-T", table], input="\n".join(kept) + "\n",
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
 
 
 def _remove_sandbox_namespaces(since: float) -> None:

@@ -7,6 +7,7 @@ field, raised before anything is loaded, so a bad spec never half-starts a serve
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,6 +107,10 @@ class RuntimeConfig:
         return tuple(sizes) if sizes else (1,)
 
 
+SECTIONS = {"model", "optimization", "batching", "warmup", "drain", "connections"}
+log = logging.getLogger(__name__)
+
+
 def _object(value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigError(f"{where}: expected an object, got {type(value).__name__}")
@@ -161,9 +166,14 @@ def parse_config(document: Any, model_name: str | None = None) -> RuntimeConfig:
 
     ``model_name`` (from the command line) wins over ``model.name`` in the document.
     """
-    root = _object(
-        document, "config", {"model", "optimization", "batching", "warmup", "drain", "connections"}
-    )
+    if not isinstance(document, Mapping):
+        raise ConfigError(f"config: expected an object, got {type(document).__name__}")
+    # Sections this runtime does not know are features of a newer operator: an older runtime
+    # image (spec.runtime.image is the user's choice) runs without them instead of crashing.
+    # Inside a known section, an unknown key is still an error: it is a typo, not a feature.
+    if unknown := sorted(set(document) - SECTIONS):
+        log.warning("config: ignoring section(s) this runtime does not know: %s", unknown)
+    root = {key: value for key, value in document.items() if key in SECTIONS}
     if "model" not in root:
         raise ConfigError("config.model: required (its inputs and outputs must be declared)")
     model = _object(root["model"], "model", {"name", "version", "format", "inputs", "outputs"})

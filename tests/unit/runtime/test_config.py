@@ -74,7 +74,6 @@ def test_command_line_name_wins_over_document_name() -> None:
         ({"connections": {"maxAgeSeconds": -5}}, "connections.maxAgeSeconds"),
         ({"connections": {"maxAgeGraceSeconds": 0}}, "connections.maxAgeGraceSeconds"),
         ({"connections": {"maxAge": 5}}, "connections: unknown key"),
-        ({"extra": 1}, "config: unknown key"),
     ],
 )
 def test_a_bad_field_is_named(patch: dict[str, Any], field: str) -> None:
@@ -126,3 +125,11 @@ def test_request_size_limit_follows_the_largest_batch() -> None:
     document = minimal()
     document["model"]["inputs"][0]["shape"] = [-1, 3]
     assert parse_config(document, model_name="m").max_request_bytes() == 64 << 20
+
+
+def test_a_section_from_a_newer_operator_is_ignored_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = parse_config({**minimal(), "autoscalingHints": {"x": 1}}, model_name="m")
+    assert config.model.name == "m"
+    assert "autoscalingHints" in caplog.text
