@@ -5,14 +5,25 @@ import sys
 from pathlib import Path
 
 from kiln_localcluster.cluster import ClusterOptions, LocalCluster
+from kiln_localcluster.node import NODE_NAME
 from kiln_localcluster.podrunner import run_forever
+from kiln_localcluster.targets import publish_forever, targets_file
 from kiln_localcluster.volumes import provision_claim
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kiln-localcluster", description=__doc__)
     parser.add_argument(
-        "command", choices=["up", "down", "status", "run-pods", "provide-claim", "import-image"]
+        "command",
+        choices=[
+            "up",
+            "down",
+            "status",
+            "run-pods",
+            "provide-claim",
+            "import-image",
+            "publish-targets",
+        ],
     )
     parser.add_argument(
         "--state-dir",
@@ -44,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "down":
         cluster.down()
         print("local cluster stopped", file=sys.stderr)
+    elif args.command == "publish-targets":
+        info = cluster.recorded_info()
+        if info is None:
+            print("local cluster is not running", file=sys.stderr)
+            return 1
+        publish_forever(cluster.api_reader(info.server), NODE_NAME, targets_file(cluster.dir))
     elif args.command == "import-image":
         if not args.image:
             print("import-image needs --image", file=sys.stderr)

@@ -24,8 +24,9 @@ import yaml
 
 from kiln_localcluster import node, pki, podnet, prometheus
 from kiln_localcluster.nodes import build_gpu_node
-from kiln_localcluster.podrunner import ApiReader, targets_file
+from kiln_localcluster.podrunner import ApiReader
 from kiln_localcluster.processes import ProcessTable, free_ports, is_running, spawn, wait_started
+from kiln_localcluster.targets import targets_file
 from kiln_localcluster.waiting import http_ok, wait_for
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -340,6 +341,20 @@ class LocalCluster:
         else:
             _say(f"no prometheus: {missing}")
 
+        if self.options.real_node:
+            table.add(
+                spawn(
+                    "targets",
+                    [
+                        sys.executable,
+                        "-m",
+                        "kiln_localcluster",
+                        "publish-targets",
+                        f"--state-dir={self.state_dir}",
+                    ],
+                    logs / "targets.log",
+                )
+            )
         _say(f"creating {self.options.nodes} fake GPU nodes")
         nodes = [
             build_gpu_node(

@@ -29,6 +29,7 @@ from typing import Any
 
 from kiln_localcluster import podnet
 from kiln_localcluster.processes import ProcessTable, Started, is_running, spawn, stop
+from kiln_localcluster.targets import scrape_target, targets_file, write_targets
 
 RUNTIME_COMMAND = ["python", "-m", "kiln_runtime"]
 RUNTIME_CONFIG_ENV = "KILN_RUNTIME_CONFIG"
@@ -58,32 +59,6 @@ def runs_kiln_runtime(pod: Pod) -> bool:
     """True for a pod whose first container is Kiln's runtime."""
     containers = pod["spec"].get("containers", [])
     return bool(containers) and containers[0].get("command", [])[:3] == RUNTIME_COMMAND
-
-
-def targets_file(state: Path) -> Path:
-    """Where the runner publishes Prometheus scrape targets for a cluster's state directory."""
-    return state / "prometheus-targets.json"
-
-
-def scrape_target(pod: Pod) -> dict[str, Any] | None:
-    """A file_sd entry for the pod's `metrics` container port, or None if it has none."""
-    container = pod["spec"]["containers"][0]
-    port = next(
-        (p["containerPort"] for p in container.get("ports", []) if p.get("name") == "metrics"),
-        None,
-    )
-    if port is None:
-        return None
-    meta = pod["metadata"]
-    labels = meta.get("labels") or {}
-    return {
-        "targets": [f"{pod['status']['podIP']}:{port}"],
-        "labels": {
-            "namespace": meta["namespace"],
-            "pod": meta["name"],
-            "inferenceservice": labels.get("serving.kiln.dev/inferenceservice", ""),
-        },
-    }
 
 
 def local_argv(container: dict[str, Any], mounts: dict[str, str]) -> list[str]:
@@ -155,19 +130,16 @@ class PodRunner:
 
     def publish_targets(self, pods: dict[str, Pod]) -> None:
         """Write the scrape targets of running pods (file_sd JSON), only when they changed."""
-        targets = [
-            target
-            for uid, pod in sorted(pods.items())
-            if uid in self.running
-            and is_running(self.running[uid].process)
-            and (target := scrape_target(pod)) is not None
-        ]
-        text = json.dumps(targets, indent=1, sort_keys=True)
-        if self.targets_file.exists() and self.targets_file.read_text() == text:
-            return
-        tmp = self.targets_file.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(self.targets_file)
+        write_targets(
+            self.targets_file,
+            [
+                target
+                for uid, pod in sorted(pods.items())
+                if uid in self.running
+                and is_running(self.running[uid].process)
+                and (target := scrape_target(pod)) is not None
+            ],
+        )
 
     def sync(self) -> None:
         """One pass: start processes for new pods, stop those of departed pods, restart crashes."""

@@ -65,8 +65,13 @@ class E2ECluster:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
 
-def _start_operator(cluster: E2ECluster, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "KILN_RESYNC_SECONDS": "5"}
+def _start_operator(cluster: E2ECluster, log: Path, prometheus: str) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "KILN_RESYNC_SECONDS": "5",
+        "KILN_PROMETHEUS_URL": prometheus,
+    }
     env.pop("KUBERNETES_SERVICE_HOST", None)
     with log.open("wb") as out:
         return subprocess.Popen(
@@ -102,7 +107,7 @@ def cluster() -> Iterator[E2ECluster]:
             "wait", "--for=condition=Established", "--timeout=60s",
             "crd/inferenceservices.serving.kiln.dev",
         )  # fmt: skip
-        operator = _start_operator(cluster, STATE_DIR / "operator.log")
+        operator = _start_operator(cluster, STATE_DIR / "operator.log", info.prometheus)
         yield cluster
     finally:
         if operator is not None and operator.poll() is None:

@@ -124,6 +124,20 @@ def test_apply_to_ready_to_inference_through_the_cluster_ip(
         "wait", "-n", namespace, "--for=condition=Ready", "inferenceservice/mlp", "--timeout=60s"
     )
     assert pod["spec"]["nodeName"] == node.NODE_NAME
+    if cluster.local is not None:  # the local cluster's Prometheus scrapes the real node's pods
+        wait_for(
+            lambda: condition(cluster, namespace, "mlp", "MetricsAvailable") == "True",
+            timeout=90,
+            description="the autoscaler reading the pod's metrics from Prometheus",
+        )
+
+
+def condition(cluster: E2ECluster, namespace: str, name: str, kind: str) -> str | None:
+    service = cluster.get_json("inferenceservice", name, "-n", namespace)
+    for item in (service.get("status") or {}).get("conditions") or []:
+        if item["type"] == kind:
+            return str(item["status"])
+    return None
 
 
 def exec_in_runtime(cluster: E2ECluster, namespace: str, pod: str, code: str) -> str:

@@ -19,8 +19,8 @@ import pytest
 
 from kiln_localcluster import podnet, prometheus
 from kiln_localcluster.cluster import ClusterInfo, LocalCluster, kubectl
-from kiln_localcluster.podrunner import targets_file
 from kiln_localcluster.processes import stop
+from kiln_localcluster.targets import targets_file
 from kiln_localcluster.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
