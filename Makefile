@@ -14,9 +14,12 @@ help: ## List the targets with a line on each
 
 # ---------------------------------------------------------------- environment
 $(VENV)/.installed: constraints.txt requirements-dev.txt operator/pyproject.toml runtime_image/pyproject.toml e2e/pyproject.toml
+	@echo "Installing Kiln's Python dependencies into $(VENV) (a few minutes; log: $(VENV)/install.log)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -r requirements-dev.txt -e 'operator[simulator]' -e 'runtime_image[test]' -e e2e
+	@{ $(PY) -m pip install -q --upgrade pip && \
+	   $(PY) -m pip install -q -c constraints.txt -r requirements-dev.txt \
+	     -e 'operator[simulator]' -e 'runtime_image[test]' -e e2e; } >$(VENV)/install.log 2>&1 \
+	  || { tail -n 40 $(VENV)/install.log; echo "pip install failed: see $(VENV)/install.log"; exit 1; }
 	touch $@
 
 venv: $(VENV)/.installed ## Create .venv with every Python dependency (pinned by constraints.txt)
@@ -55,16 +58,18 @@ check: venv ## Regenerate generated files and fail on any difference
 	@test -z "$$(git status --porcelain -- crds/)" || { git status --short -- crds/; \
 	  echo "crds/ differs from what the models generate: run 'make crds' and commit"; exit 1; }
 
-test: venv system-deps docker-up lint typecheck check ## Every test: lint, types, generated files, unit, integration, images
+# The Kubernetes binaries and the runtime image are made before pytest starts: on a fresh machine
+# each takes minutes, longer than a test's own time limit.
+test: venv lint typecheck check system-deps docker-up cluster-binaries image-runtime ## Every test: lint, types, generated files, unit, integration, images, e2e
 	$(PY) -m pytest tests
 
 test-unit: venv ## Unit tests only (no cluster, no network)
 	$(PY) -m pytest tests/unit
 
-demo: venv system-deps ## Kiln's main job, locally: cluster, operator, a sample service, load
+demo: venv system-deps cluster-binaries ## Kiln's main job, locally: cluster, operator, a sample service, load
 	bash e2e/demo.sh
 
-e2e: venv system-deps docker-up ## The end-to-end suite: the local cluster's real node, or $$KILN_E2E_KUBECONFIG
+e2e: venv system-deps docker-up cluster-binaries image-runtime ## The end-to-end suite: the local cluster's real node, or $$KILN_E2E_KUBECONFIG
 	$(PY) -m pytest tests/e2e
 
 e2e-kind: venv ## The end-to-end suite on kind (needs Docker, kind and internet; not run here)
@@ -94,7 +99,10 @@ bench-operator: venv ## 100 and 1000 InferenceServices at once on the local clus
 bench-pinning: venv system-deps docker-up ## gRPC calls per pod after 1 -> 3 on the real node, with and without a max connection age -> docs/benchmarks/grpc-pinning.md
 	$(PY) -m tests.e2e.bench_grpc_pinning --out docs/benchmarks
 
-.PHONY: crds run-operator bench-operator bench-pinning
+bench-coldstart: venv system-deps docker-up ## Apply -> first inference through the Service on the real node -> docs/benchmarks/cold-start.md
+	$(PY) -m tests.e2e.bench_cold_start --out docs/benchmarks
+
+.PHONY: crds run-operator bench-operator bench-pinning bench-coldstart
 
 # ---- runtime ----
 RUNTIME_IMAGE ?= kiln/runtime:dev
