@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# `make demo`: Kiln's main job on this machine. A real control plane with fake GPU nodes; Kiln's
-# CRD and operator; an InferenceService whose pods run real kiln_runtime processes at their pod
-# IPs; the warm-up gate letting each pod in only after it met its p99; then a bounded load.
+# `make demo`: Kiln's main job on this machine. A real control plane with a real node (kubelet,
+# containerd, kube-proxy) and fake GPU nodes; Kiln's CRD and operator; an InferenceService whose
+# pods run Kiln's runtime image under the kubelet; the warm-up gate letting each pod in only
+# after it met its p99; then a bounded load through the Service's cluster IP.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 py=.venv/bin/python
 ns=kiln-demo
 state=.kiln/demo
+image=kiln/runtime:dev
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-step "Local cluster: etcd, kube-apiserver, controller-manager, scheduler, kwok GPU nodes"
-"$py" -m kiln_localcluster up
+step "Kiln's runtime image, built here (no registry is reachable; the first build takes minutes)"
+make -s image-runtime RUNTIME_IMAGE="$image"
+
+step "Local cluster: etcd, kube-apiserver, controller-manager, scheduler, a real node, kwok GPU nodes"
+"$py" -m kiln_localcluster up --real-node
 export KUBECONFIG="$PWD/.kiln/kubeconfig"
 kubectl=$(bash e2e/cluster/binaries.sh)/kubectl
 "$kubectl" get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count
+echo "importing $image into the real node's containerd (once per image)"
+"$py" -m kiln_localcluster import-image --image "$image"
 
 step "Kiln's CRD"
 "$kubectl" apply -k crds/
@@ -23,7 +30,10 @@ step "Kiln's CRD"
 step "A model built in code, offered to the cluster as the claim 'models'"
 mkdir -p "$state"
 "$py" -m kiln_runtime example-model --kind mlp --out "$state/models/mlp"
+chmod -R a+rX "$state/models"  # the image runs as its own unprivileged user
 "$kubectl" create namespace "$ns" --dry-run=client -o yaml | "$kubectl" apply -f -
+# The namespace admits only pods that meet Pod Security `restricted`, as Kiln's do.
+"$kubectl" label --overwrite namespace "$ns" pod-security.kubernetes.io/enforce=restricted
 "$py" -m kiln_localcluster provide-claim --namespace "$ns" --claim models --dir "$state/models"
 
 step "The operator (log: $state/operator.log), reading the cluster's Prometheus"
@@ -36,7 +46,8 @@ trap 'kill "$operator_pid" 2>/dev/null; wait "$operator_pid" 2>/dev/null || true
 
 step "An InferenceService: kubectl apply -f e2e/demo/inferenceservice.yaml"
 "$kubectl" apply -n "$ns" -f e2e/demo/inferenceservice.yaml
-echo "waiting for the pod to pass warm-up (the runtime loads, warms itself, then the gate measures)"
+echo "waiting for the pod to pass warm-up (the kubelet starts the image, the runtime loads and warms"
+echo "itself, then the operator's gate measures p99 through the pod)"
 "$kubectl" wait -n "$ns" --for=condition=Ready inferenceservice/mlp --timeout=300s
 "$kubectl" get inferenceservices -n "$ns"
 echo
@@ -58,7 +69,7 @@ watch_until() {  # watch_until SECONDS CONDITION: print the service every 5 s un
   return 1
 }
 
-step "Load: gRPC requests over the Service's ready endpoints for 60 s; the autoscaler reacts"
+step "Load: gRPC requests through the Service's cluster IP (kube-proxy) for 60 s; the autoscaler reacts"
 "$py" e2e/demo/load.py --namespace "$ns" --service mlp --model mlp --seconds 60 --concurrency 32 &
 load_pid=$!
 watch_until 60 '[ "$(replicas)" -gt 1 ]' && echo "scaled up to $(replicas) replicas" \

@@ -85,6 +85,13 @@ class LocalCluster:
             return None
         return info if self._api_ready(info.server) else None
 
+    def _node_running(self) -> bool:
+        """Whether this cluster's real node (containerd, kubelet, kube-proxy) runs."""
+        if not self.node_paths.processes.exists():
+            return False
+        table = ProcessTable(self.node_paths.processes)
+        return bool(table.processes) and all(is_running(p) for p in table.processes)
+
     def recorded_info(self) -> ClusterInfo | None:
         """The coordinates the last start wrote, without checking that anything runs."""
         if not self._info_path.exists():
@@ -115,9 +122,11 @@ class LocalCluster:
     def up(self) -> ClusterInfo:
         """Start the cluster (or reuse a healthy one) and wait until every node is Ready."""
         running = self.info()
-        if running is not None:
+        if running is not None and (not self.options.real_node or self._node_running()):
             _say(f"local cluster already up at {running.server}")
             return running
+        if running is not None:
+            _say("the running local cluster has no real node: restarting it with one")
         self.down()
         bin_dir = resolve_binaries()
         started = time.monotonic()

@@ -1,8 +1,9 @@
-"""Bounded inference load over an InferenceService's ready pods, as a client-side balancer.
+"""Bounded gRPC inference load (tritonclient) for the demo and the autoscaler's tests.
 
-Why it exists: the local cluster has no kube-proxy, so a Service's ClusterIP leads nowhere; the
-demo and the autoscaler's tests resolve the Service's ready endpoints and spread gRPC requests
-(tritonclient) over those pod IPs. Every run stops at its time limit or its request limit.
+Why it exists: one load loop for two ways of reaching an InferenceService: its ready pods' IPs,
+spread by the client (the fake GPU nodes have no kube-proxy), or a Service's cluster IP through
+kube-proxy on the real node, over several connections, since kube-proxy balances connections,
+not calls. Every run stops at its time limit or its request limit.
 """
 
 import asyncio
@@ -18,6 +19,13 @@ import tritonclient.grpc.aio as triton_grpc
 from kiln_localcluster.cluster import ClusterInfo, kubectl
 
 GRPC_PORT = 8001
+
+
+def cluster_ip(info: ClusterInfo, namespace: str, service: str) -> str:
+    """The Service's cluster IP (kube-proxy on the real node leads it to a ready pod)."""
+    return kubectl(
+        info, "get", "service", service, "-n", namespace, "-o", "jsonpath={.spec.clusterIP}"
+    ).stdout.strip()
 
 
 def ready_endpoints(info: ClusterInfo, namespace: str, service: str) -> list[str]:
@@ -64,16 +72,19 @@ async def run_load(
     seconds: float,
     max_requests: int,
     concurrency: int,
+    connections_per_target: int = 1,
     stop: threading.Event | None = None,
 ) -> LoadReport:
     """Send one-item MLP requests (INPUT__0, 512 floats) until a bound or ``stop`` is reached.
 
-    ``endpoints`` is asked again every second, so pods that join or leave are followed.
+    ``endpoints`` is asked again every second, so pods that join or leave are followed. Each
+    target gets ``connections_per_target`` connections of its own (grpcio would otherwise share
+    one among a process's channels to the same address), the workers taking turns over them.
     """
     report = LoadReport()
     request = triton_grpc.InferInput("INPUT__0", [1, 512], "FP32")
     request.set_data_from_numpy(np.random.default_rng(0).standard_normal((1, 512), np.float32))
-    clients: dict[str, triton_grpc.InferenceServerClient] = {}
+    clients: dict[tuple[str, int], triton_grpc.InferenceServerClient] = {}
     targets: list[str] = []
     refreshed = 0.0
     sent = 0
@@ -96,9 +107,12 @@ async def run_load(
             if not targets:
                 await asyncio.sleep(0.1)
                 continue
-            ip = targets[sent % len(targets)]
+            key = (targets[sent % len(targets)], sent % connections_per_target)
             sent += 1
-            client = clients.setdefault(ip, triton_grpc.InferenceServerClient(f"{ip}:{GRPC_PORT}"))
+            if (client := clients.get(key)) is None:
+                client = clients[key] = triton_grpc.InferenceServerClient(
+                    f"{key[0]}:{GRPC_PORT}", channel_args=[("grpc.use_local_subchannel_pool", 1)]
+                )
             began = time.perf_counter()
             try:
                 await client.infer(model, [request], client_timeout=10)
