@@ -12,9 +12,7 @@ to docs/benchmarks/grpc-pinning.md.
 
 import argparse
 import datetime
-import os
 import platform
-import subprocess
 import sys
 import threading
 import time
@@ -27,13 +25,10 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import yaml
 
-from kiln_localcluster.cluster import ClusterOptions, LocalCluster, kubectl
-from kiln_localcluster.volumes import provision_claim
+from kiln_localcluster.cluster import kubectl
 from kiln_localcluster.waiting import wait_for
+from tests.e2e.benchcluster import IMAGE, REPO, BenchCluster, bench_cluster
 
-REPO = Path(__file__).resolve().parents[2]
-STATE_DIR = REPO / ".kiln" / "e2e"
-IMAGE = "kiln/runtime:dev"
 WINDOW_SECONDS = 15.0
 MEASURE_SECONDS = 90.0
 CALL_GAP_SECONDS = 0.02
@@ -131,10 +126,10 @@ def ready_pods(cluster: Any, namespace: str) -> int:
     return int(yaml.safe_load(body)["status"].get("readyReplicas") or 0)
 
 
-def run_variant(cluster: Any, variant: Variant, models: Path) -> None:
+def run_variant(bench: BenchCluster, variant: Variant) -> None:
+    cluster = bench.info
     namespace = f"pinning-{variant.name}"
-    kubectl(cluster, "create", "namespace", namespace)
-    provision_claim(cluster, namespace, "models", models)
+    bench.namespace_with_models(namespace)
     kubectl(cluster, "apply", "-n", namespace, "-f", "-",
             input=service("pin", variant.max_age_seconds, 1))  # fmt: skip
     wait_for(lambda: ready_pods(cluster, namespace) == 1, timeout=180, description="1 pod")
@@ -240,44 +235,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = parser.parse_args()
     started = datetime.datetime.now(datetime.UTC)
-    local = LocalCluster(STATE_DIR, ClusterOptions(nodes=0, real_node=True))
-    local.down()
-    info = local.up()
-    operator: subprocess.Popen[bytes] | None = None
-    try:
-        local.import_image(IMAGE)
-        kubectl(info, "apply", "-k", str(REPO / "crds"))
-        kubectl(info, "wait", "--for=condition=Established", "--timeout=60s",
-                "crd/inferenceservices.serving.kiln.dev")  # fmt: skip
-        models = STATE_DIR / "models" / "pinning"
-        subprocess.run(
-            [sys.executable, "-m", "kiln_runtime", "example-model", "--kind", "mlp",
-             "--out", str(models / "mlp")],
-            check=True, capture_output=True, timeout=300,
-        )  # fmt: skip
-        for path in [models, *models.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        log = (STATE_DIR / "bench-operator.log").open("wb")
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "kiln_operator", "run", "--standalone"],
-            env={**os.environ, "KUBECONFIG": info.kubeconfig},
-            stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-        )  # fmt: skip
+    with bench_cluster("pinning") as bench:
         variants = [
             Variant("pinned", max_age_seconds=0, clients=CLIENTS),
             Variant("aged", max_age_seconds=30, clients=CLIENTS),
         ]
         for variant in variants:
             print(f"[bench-pinning] {variant.name}", file=sys.stderr, flush=True)
-            run_variant(info, variant, models)
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "grpc-pinning.md").write_text(report(variants, started))
-        print((args.out / "grpc-pinning.md").read_text())
-    finally:
-        if operator is not None:
-            operator.terminate()
-            operator.wait(timeout=30)
-        local.down()
+            run_variant(bench, variant)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "grpc-pinning.md").write_text(report(variants, started))
+    print((args.out / "grpc-pinning.md").read_text())
     return 0
 
 
