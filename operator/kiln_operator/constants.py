@@ -105,6 +105,11 @@ REASON_METRICS_UNAVAILABLE: Final = "MetricsUnavailable"
 """The autoscaler could not read usable metrics; the message says why."""
 REASON_SCALED_TO_ZERO: Final = "ScaledToZero"
 """The Deployment has zero replicas: nothing serves, by choice."""
+REASON_CHILD_CONFLICT: Final = "ChildConflict"
+"""A child's name (Deployment, Service, PodDisruptionBudget, ServiceMonitor) is held by an
+object the InferenceService does not control; Kiln writes nothing to it until it is gone."""
+REASON_CHILD_REJECTED: Final = "ChildRejected"
+"""The API server refused to create or update a child; the message has its answer."""
 
 # --- event reasons ------------------------------------------------------------------------------
 EVENT_READY: Final = "Ready"

@@ -57,6 +57,18 @@ class StatusUpdate:
 
 
 @dataclass(frozen=True)
+class ChildProblem:
+    """A child the reconcile did not write: its name is held by another object
+    (REASON_CHILD_CONFLICT) or the API server refused it (REASON_CHILD_REJECTED)."""
+
+    reason: str
+    message: str
+
+
+CHILD_PROBLEM_REASONS = (constants.REASON_CHILD_CONFLICT, constants.REASON_CHILD_REJECTED)
+
+
+@dataclass(frozen=True)
 class Observation:
     """Everything the status is computed from."""
 
@@ -68,6 +80,8 @@ class Observation:
     selector: str
     url: str
     grpc_address: str
+    child_problems: tuple[ChildProblem, ...] = ()
+    """Children not written this reconcile; Ready says so until a later reconcile writes them."""
 
 
 def _conditions(
@@ -187,6 +201,10 @@ def _conditions(
             # Pods of the current spec serve; a scale-up's new pods may still be warming up.
             ready = (True, constants.REASON_AVAILABLE, state.detail)
 
+    if observation.child_problems:
+        first = observation.child_problems[0]
+        message = "; ".join(problem.message for problem in observation.child_problems)
+        ready = (False, first.reason, message)
     if observation.spec_error is not None:
         ready = (False, constants.REASON_INVALID_SPEC, observation.spec_error)
     return put(conditions, constants.CONDITION_READY, *ready)
@@ -208,6 +226,13 @@ def _events(previous: list[Condition], current: list[Condition]) -> list[Event]:
         events.append(Event("Warning", constants.EVENT_INVALID_SPEC, new_valid["message"]))
     old_ready = find_condition(previous, constants.CONDITION_READY)
     new_ready = find_condition(current, constants.CONDITION_READY)
+    if (
+        new_ready is not None
+        and new_ready["reason"] in CHILD_PROBLEM_REASONS
+        and (old_ready is None or old_ready.get("message") != new_ready["message"])
+    ):
+        events.append(Event("Warning", new_ready["reason"], new_ready["message"]))
+        return events
     if new_ready is not None and (
         old_ready is None or old_ready.get("status") != new_ready["status"]
     ):
