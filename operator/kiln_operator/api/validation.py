@@ -190,10 +190,19 @@ def tensor_bytes(tensors: list[TensorSpec]) -> int:
     return total
 
 
+def warmup_attempt_bytes(input_bytes: int, output_bytes: int, in_flight: int) -> int:
+    """What one warm-up attempt holds in the operator with `in_flight` requests at once: its
+    inputs, prepared once and shared by its requests, and per request in flight the request
+    and its response, each twice (the message and its wire form)."""
+    return input_bytes + in_flight * 2 * (input_bytes + output_bytes)
+
+
 def warmup_request_bytes(spec: InferenceServiceSpec) -> int:
-    """What one warm-up request in flight holds in the operator: its inputs twice (prepared
-    once per attempt, then encoded into the call) and the response's outputs."""
-    return 2 * tensor_bytes(spec.model.inputs) + tensor_bytes(spec.model.outputs)
+    """What a warm-up attempt of the spec holds with a single request in flight: the least
+    the operator's warm-up budget must allow."""
+    return warmup_attempt_bytes(
+        tensor_bytes(spec.model.inputs), tensor_bytes(spec.model.outputs), 1
+    )
 
 
 def check_warmup_budget(spec: InferenceServiceSpec, budget_bytes: int) -> str | None:
@@ -205,10 +214,10 @@ def check_warmup_budget(spec: InferenceServiceSpec, budget_bytes: int) -> str | 
         return None
     return (
         f"spec.model.inputs: one warm-up request needs {size} bytes of tensor data in the "
-        f"operator (inputs twice, outputs once, at batch 1; spec.warmup.batchSizes run inside "
-        f"the runtime and do not count), more than the operator's warm-up budget of "
-        f"{budget_bytes} bytes: declare smaller inputs, set spec.warmup.requests to 0, or "
-        "raise the budget (KILN_WARMUP_BUDGET_BYTES)"
+        f"operator (inputs at batch 1 prepared once, then the request and its response; "
+        f"spec.warmup.batchSizes run inside the runtime and do not count), more than the "
+        f"operator's warm-up budget of {budget_bytes} bytes: declare smaller inputs, set "
+        "spec.warmup.requests to 0, or raise the budget (KILN_WARMUP_BUDGET_BYTES)"
     )
 
 

@@ -162,7 +162,7 @@ def test_a_prewarm_floor_above_max_replicas_is_refused_not_capped() -> None:
     )
 
 
-def test_warm_up_request_bytes_count_inputs_twice_and_outputs_once_at_batch_one() -> None:
+def test_warm_up_request_bytes_count_prepared_inputs_then_request_and_response_twice() -> None:
     spec = spec_with()
     spec["model"]["inputs"] = [  # type: ignore[index]
         {"name": "a", "datatype": "FP32", "shape": [-1, 100]},
@@ -172,13 +172,14 @@ def test_warm_up_request_bytes_count_inputs_twice_and_outputs_once_at_batch_one(
     spec["warmup"] = {"batchSizes": [8], "requests": 10, "concurrency": 2}
     parsed = parse_spec("svc", spec)
     assert isinstance(parsed, InferenceServiceSpec)
-    assert warmup_request_bytes(parsed) == 2 * (100 * 4 + 10 * 8) + 7 * 2
+    inputs, outputs = 100 * 4 + 10 * 8, 7 * 2
+    assert warmup_request_bytes(parsed) == inputs + 2 * (inputs + outputs)
 
 
 def test_a_warm_up_request_over_the_budget_is_refused_naming_the_budget() -> None:
     spec = spec_with()
     spec["model"]["inputs"] = [{"name": "x", "datatype": "FP32", "shape": [1024]}]  # type: ignore[index]
-    size = 2 * 4096 + 4 * 10  # the cpu-test sample's output is 10 FP32
+    size = 4096 + 2 * (4096 + 4 * 10)  # the cpu-test sample's output is 10 FP32
     parsed = parse_spec("svc", spec, warmup_budget_bytes=size)
     assert isinstance(parsed, InferenceServiceSpec)
     message = refusal(spec, warmup_budget_bytes=size - 1)
