@@ -94,7 +94,10 @@ bench-operator: venv ## 100 and 1000 InferenceServices at once on the local clus
 bench-pinning: venv system-deps docker-up ## gRPC calls per pod after 1 -> 3 on the real node, with and without a max connection age -> docs/benchmarks/grpc-pinning.md
 	$(PY) -m tests.e2e.bench_grpc_pinning --out docs/benchmarks
 
-.PHONY: crds run-operator bench-operator bench-pinning
+bench-warmup-memory: venv ## Operator peak RSS while 4 services with 16 MiB inputs warm up, with and without the budget -> docs/benchmarks/operator.md
+	$(PY) -m tests.integration.warmup.bench_warmup_memory --out docs/benchmarks/operator.md
+
+.PHONY: crds run-operator bench-operator bench-pinning bench-warmup-memory
 
 # ---- runtime ----
 RUNTIME_IMAGE ?= kiln/runtime:dev

@@ -95,6 +95,7 @@ async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> No
     memo.cache.observe(PODS.plural, type, body)
     pod = cast(dict[str, Any], dict(body))
     uid = pod["metadata"]["uid"]
+    _queue_status(memo, pod)
     tasks: dict[str, asyncio.Task[None]] = memo.warmup_tasks
     if type == "DELETED" or pod["metadata"].get("deletionTimestamp"):
         if (task := tasks.pop(uid, None)) is not None:
@@ -120,6 +121,18 @@ async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> No
     )
     tasks[uid] = task
     task.add_done_callback(lambda _: tasks.pop(uid, None))
+
+
+def _queue_status(memo: Any, pod: dict[str, Any]) -> None:
+    """A pod that does not serve (pending, crashing, warming up, gone) may change why its
+    InferenceService is not Ready: queue a reconcile, which reads the pod from the cache. A pod
+    turning Ready changes its Deployment's status, whose event queues one already."""
+    service = pod["metadata"].get("labels", {}).get(constants.LABEL_INFERENCESERVICE)
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    workqueue = getattr(memo, "workqueue", None)
+    if service and not ready and workqueue is not None:
+        workqueue.add(pod["metadata"]["namespace"], service, trigger="pod")
 
 
 async def publish_summary(

@@ -175,6 +175,8 @@ class Reconciler:
             generation=int(meta.get("generation") or 0),
             spec_error=None if outcome.spec_error is None else outcome.spec_error.message,
             child_problems=tuple(outcome.child_problems),
+            pods=tuple(self._cache.pods_of(owner.namespace, owner.name)),
+            min_replicas=None if isinstance(parsed, SpecError) else parsed.autoscaling.min_replicas,
             deployment=deployment,
             selector=label_selector_string(owner.name),
             url=http_url(owner),
