@@ -3,16 +3,16 @@
 Why it exists: the gate must see what a client sees — the same protocol, the same library, the
 pod's own address — so the latencies it judges are real. gRPC is tried first (what production
 clients use); when the gRPC port does not answer, HTTP carries the attempt. Every wait is bounded
-by the attempt's timeout. The request tensors are built once per attempt and shared by all its
-requests; the attempt holds its bytes of the operator's warm-up budget while it sends (waiting
-for them does not count against its timeout), at a lower concurrency if the spec's would not
-fit.
+by the attempt's timeout. The request tensors are built once and shared by every request of
+every attempt of one plan running at once (the pods of a service warming up together); each
+attempt holds its bytes of the operator's warm-up budget while it sends (waiting for them does
+not count against its timeout), at a lower concurrency if the spec's would not fit.
 """
 
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -107,6 +107,29 @@ def _request(plan: WarmupPlan, protocol: ModuleType) -> tuple[list[Any], list[An
     return inputs, outputs
 
 
+_PREPARED: dict[tuple[WarmupPlan, str], tuple[list[Any], list[Any], int]] = {}
+"""Request tensors by plan and protocol, with the number of attempts using them: the pods of
+one service warming up at once share one copy (tritonclient only reads them per call)."""
+
+
+@contextlib.contextmanager
+def _shared_request(
+    plan: WarmupPlan, protocol: ModuleType
+) -> Iterator[tuple[list[Any], list[Any]]]:
+    key = (plan, protocol.__name__)
+    held = _PREPARED.get(key)
+    inputs, outputs, users = held if held is not None else (*_request(plan, protocol), 0)
+    _PREPARED[key] = (inputs, outputs, users + 1)
+    try:
+        yield inputs, outputs
+    finally:
+        inputs, outputs, users = _PREPARED[key]
+        if users == 1:
+            del _PREPARED[key]
+        else:
+            _PREPARED[key] = (inputs, outputs, users - 1)
+
+
 async def run_attempt(
     plan: WarmupPlan,
     host: str,
@@ -131,12 +154,12 @@ async def run_attempt(
             budget.hold(plan.attempt_bytes(in_flight)) if budget else contextlib.nullcontext()
         ):
             deadline += time.monotonic() - queued  # waiting for the budget does not count
-            inputs, outputs = _request(plan, protocol)
+            with _shared_request(plan, protocol) as (inputs, outputs):
 
-            async def send() -> None:
-                await client.infer(plan.model_name, inputs, outputs=outputs)
+                async def send() -> None:
+                    await client.infer(plan.model_name, inputs, outputs=outputs)
 
-            return await _drive(plan, send, deadline, in_flight)
+                return await _drive(plan, send, deadline, in_flight)
     finally:
         await grpc.close()
         await http.close()

@@ -79,3 +79,23 @@ def test_an_attempt_runs_at_the_concurrency_that_fits_the_budget() -> None:
     assert large.in_flight_within(large.attempt_bytes(3) - 1) == 2
     assert large.in_flight_within(2**40) == 8
     assert plan(concurrency=4, input_bytes=100, output_bytes=10).in_flight_within(10**6) == 4
+
+
+def test_attempts_of_one_plan_share_one_copy_of_the_request_tensors() -> None:
+    import tritonclient.grpc.aio as triton_grpc
+    import tritonclient.http.aio as triton_http
+
+    from kiln_operator.warmup.plan import TensorPlan
+    from kiln_operator.warmup.probe import _PREPARED, _shared_request
+
+    sized = WarmupPlan(
+        model_name="m", inputs=(TensorPlan("x", "FP32", (1, 4)),), outputs=("y",), requests=4,
+        concurrency=2, p99_bound_ms=10, attempt_timeout_s=10, retries=0, input_bytes=16,
+    )  # fmt: skip
+    with _shared_request(sized, triton_grpc) as (first, _):
+        with _shared_request(sized, triton_grpc) as (second, _):
+            assert first is second  # the second pod's attempt built nothing
+        with _shared_request(sized, triton_http) as (over_http, _):
+            assert over_http is not first  # HTTP encodes its own way
+        assert len(_PREPARED) == 1
+    assert _PREPARED == {}  # the last attempt to finish lets the tensors go
