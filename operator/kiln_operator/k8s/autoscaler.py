@@ -93,6 +93,12 @@ class Autoscaler:
         deployment = self.cache.get(DEPLOYMENTS.plural, namespace, name)
         if deployment is None:
             return None  # the reconcile loop creates it; its watch delivers it
+        controller = next(
+            (r for r in deployment["metadata"].get("ownerReferences") or [] if r.get("controller")),
+            None,
+        )
+        if controller is None or controller.get("uid") != body["metadata"].get("uid"):
+            return None  # someone else's Deployment holds the name (ChildConflict): never scale it
         current = int(deployment["spec"].get("replicas", 1))
         ready = int((deployment.get("status") or {}).get("readyReplicas") or 0)
         pods = self.cache.pods_of(namespace, name)
