@@ -102,7 +102,10 @@ bench-pinning: venv system-deps docker-up ## gRPC calls per pod after 1 -> 3 on 
 bench-coldstart: venv system-deps docker-up ## Apply -> first inference through the Service on the real node -> docs/benchmarks/cold-start.md
 	$(PY) -m tests.e2e.bench_cold_start --out docs/benchmarks
 
-.PHONY: crds run-operator bench-operator bench-pinning bench-coldstart
+bench-warmup-memory: venv ## Operator peak RSS while 4 services with 16 MiB inputs warm up, with and without the budget -> docs/benchmarks/operator.md
+	$(PY) -m tests.integration.warmup.bench_warmup_memory --out docs/benchmarks/operator.md
+
+.PHONY: crds run-operator bench-operator bench-pinning bench-warmup-memory bench-coldstart
 
 # ---- runtime ----
 RUNTIME_IMAGE ?= kiln/runtime:dev

@@ -13,6 +13,7 @@ from typing import Any
 import kopf
 
 from kiln_operator import constants
+from kiln_operator.handlers.inferenceservice import WARMUP_BUDGET_BYTES
 from kiln_operator.k8s.autoscaler import Autoscaler
 from kiln_operator.k8s.client import ApiError
 
@@ -34,7 +35,7 @@ async def inferenceservice_autoscaler(
     stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any,
 ) -> None:  # fmt: skip
     """Evaluate, act, sleep for the service's interval; until the service is deleted."""
-    autoscaler = Autoscaler(memo.kube, memo.cache, PROMETHEUS_URL)
+    autoscaler = Autoscaler(memo.kube, memo.cache, PROMETHEUS_URL, WARMUP_BUDGET_BYTES)
     while not stopped:
         interval = RETRY_SECONDS
         try:

@@ -18,11 +18,12 @@ from typing import Any
 import kopf
 
 from kiln_operator import constants
+from kiln_operator.api.validation import DEFAULT_WARMUP_BUDGET_BYTES
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import KubeClient, load_configuration
 from kiln_operator.k8s.events import post_event
 from kiln_operator.k8s.peering import ensure_peering_object
-from kiln_operator.k8s.reconciler import Outcome, Reconciler
+from kiln_operator.k8s.reconciler import ChildrenNotApplied, Outcome, Reconciler
 from kiln_operator.k8s.workqueue import Request, WorkQueue
 
 RECONCILE_WORKERS = int(os.environ.get("KILN_RECONCILE_WORKERS", "64"))
@@ -34,6 +35,11 @@ RESYNC_SECONDS = float(os.environ.get("KILN_RESYNC_SECONDS", "300"))
 """How often every InferenceService is reconciled without a trigger (drift the watch missed)."""
 PEERING_LIFETIME_SECONDS = int(os.environ.get("KILN_PEERING_LIFETIME_SECONDS", "60"))
 """How long a silent peer counts as alive: the failover time when the active replica dies."""
+WARMUP_BUDGET_BYTES = int(
+    os.environ.get("KILN_WARMUP_BUDGET_BYTES", str(DEFAULT_WARMUP_BUDGET_BYTES))
+)
+"""Bytes of warm-up tensor data the operator holds at once, all services together; a spec
+whose single warm-up request needs more is refused (InvalidSpec naming spec.model.inputs)."""
 RECONCILE_COMPONENT = "reconcile"
 """User agent suffix of the reconcile loop's API client (kiln-operator/reconcile)."""
 CHILD_LABELS = {constants.LABEL_MANAGED_BY: constants.MANAGER}
@@ -55,11 +61,13 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     memo.kube = KubeClient(configuration)
     memo.reconcile_kube = KubeClient(configuration, component=RECONCILE_COMPONENT)
     memo.cache = ObjectCache()
-    memo.reconciler = Reconciler(memo.reconcile_kube, memo.cache)
+    memo.reconciler = Reconciler(memo.reconcile_kube, memo.cache, WARMUP_BUDGET_BYTES)
 
     async def reconcile(namespace: str, name: str, request: Request) -> None:
         outcome = await memo.reconciler.reconcile(namespace, name, fresh=request.fresh)
         await _announce(memo.reconcile_kube, outcome, request.trigger)
+        if outcome.child_problems:
+            raise ChildrenNotApplied(outcome)  # the work queue retries with backoff
         if request.trigger == "resync":
             logger.info("resynced %s/%s", namespace, name)
 

@@ -22,10 +22,12 @@ from prometheus_client import Counter, Histogram, start_http_server
 
 from kiln_operator import constants
 from kiln_operator.api.validation import SpecError, parse_spec
+from kiln_operator.handlers.inferenceservice import WARMUP_BUDGET_BYTES
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, KubeClient
 from kiln_operator.k8s.resources import INFERENCE_SERVICES, PODS
 from kiln_operator.warmup import plan as warmup
+from kiln_operator.warmup.budget import ByteBudget
 from kiln_operator.warmup.podstate import (
     cold_start_seconds,
     condition_patch,
@@ -72,8 +74,10 @@ def _now() -> datetime.datetime:
 
 @kopf.on.startup()
 async def warmup_gate_startup(memo: kopf.Memo, **_: Any) -> None:
-    """Keep the per-pod tasks in the memo; serve the operator's metrics if a port is set."""
+    """Keep the per-pod tasks and the shared warm-up byte budget in the memo; serve the
+    operator's metrics if a port is set."""
     memo.warmup_tasks = {}
+    memo.warmup_budget = ByteBudget(WARMUP_BUDGET_BYTES)
     if METRICS_PORT:
         start_http_server(METRICS_PORT)
 
@@ -91,6 +95,7 @@ async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> No
     memo.cache.observe(PODS.plural, type, body)
     pod = cast(dict[str, Any], dict(body))
     uid = pod["metadata"]["uid"]
+    _queue_status(memo, pod)
     tasks: dict[str, asyncio.Task[None]] = memo.warmup_tasks
     if type == "DELETED" or pod["metadata"].get("deletionTimestamp"):
         if (task := tasks.pop(uid, None)) is not None:
@@ -111,9 +116,23 @@ async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> No
         return  # the patch comes back as an event; needs_warmup takes it from there
     if uid in tasks or not needs_warmup(pod):
         return
-    task = asyncio.create_task(_warm_up(memo.kube, memo.cache, pod), name=f"warm-up {uid}")
+    task = asyncio.create_task(
+        _warm_up(memo.kube, memo.cache, memo.warmup_budget, pod), name=f"warm-up {uid}"
+    )
     tasks[uid] = task
     task.add_done_callback(lambda _: tasks.pop(uid, None))
+
+
+def _queue_status(memo: Any, pod: dict[str, Any]) -> None:
+    """A pod that does not serve (pending, crashing, warming up, gone) may change why its
+    InferenceService is not Ready: queue a reconcile, which reads the pod from the cache. A pod
+    turning Ready changes its Deployment's status, whose event queues one already."""
+    service = pod["metadata"].get("labels", {}).get(constants.LABEL_INFERENCESERVICE)
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    workqueue = getattr(memo, "workqueue", None)
+    if service and not ready and workqueue is not None:
+        workqueue.add(pod["metadata"]["namespace"], service, trigger="pod")
 
 
 async def publish_summary(
@@ -135,12 +154,14 @@ async def publish_summary(
         cache.store(INFERENCE_SERVICES.plural, written)
 
 
-async def _warm_up(kube: KubeClient, cache: ObjectCache, pod: dict[str, Any]) -> None:
+async def _warm_up(
+    kube: KubeClient, cache: ObjectCache, budget: ByteBudget, pod: dict[str, Any]
+) -> None:
     meta = pod["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     service = meta.get("labels", {}).get(constants.LABEL_INFERENCESERVICE, "")
     try:
-        await _gate(kube, cache, pod, namespace=namespace, name=name, service=service)
+        await _gate(kube, cache, budget, pod, namespace=namespace, name=name, service=service)
     except asyncio.CancelledError:
         raise
     except ApiError as error:
@@ -153,6 +174,7 @@ async def _warm_up(kube: KubeClient, cache: ObjectCache, pod: dict[str, Any]) ->
 async def _gate(
     kube: KubeClient,
     cache: ObjectCache,
+    budget: ByteBudget,
     pod: dict[str, Any],
     *,
     namespace: str,
@@ -162,7 +184,7 @@ async def _gate(
     owner = await kube.get(INFERENCE_SERVICES, namespace, service)
     if owner is None:
         return
-    spec = parse_spec(service, owner.get("spec"))
+    spec = parse_spec(service, owner.get("spec"), warmup_budget_bytes=budget.capacity)
     if isinstance(spec, SpecError):
         return  # the reconcile loop reports it; the last valid template keeps its pods
     plan = warmup.plan_for(spec, spec.model_name(service))
@@ -181,10 +203,10 @@ async def _gate(
             False,
             warmup.REASON_WARMING,
             f"attempt {attempt}/{attempts}: {plan.requests} requests at concurrency "
-            f"{plan.concurrency}, p99 bound {plan.p99_bound_ms:g} ms",
+            f"{plan.in_flight_within(budget.capacity)}, p99 bound {plan.p99_bound_ms:g} ms",
         )
         result = await run_attempt(
-            plan, pod["status"]["podIP"], constants.GRPC_PORT, constants.HTTP_PORT
+            plan, pod["status"]["podIP"], constants.GRPC_PORT, constants.HTTP_PORT, budget
         )
         verdict = warmup.judge(plan, result)
         ATTEMPTS.labels(namespace, service, verdict.reason).inc()

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from kiln_operator import constants
-from kiln_operator.api.validation import SpecError, parse_spec
+from kiln_operator.api.validation import DEFAULT_WARMUP_BUDGET_BYTES, SpecError, parse_spec
 from kiln_operator.autoscaling.deletion_cost import DELETION_COST_ANNOTATION, deletion_costs
 from kiln_operator.autoscaling.policy import Decision, Observation, ScalingSpec, decide
 from kiln_operator.autoscaling.prometheus import PrometheusReader
@@ -68,11 +68,18 @@ class Autoscaler:
     """Evaluates InferenceServices against Prometheus; one instance per operator."""
 
     def __init__(
-        self, kube: KubeClient, cache: ObjectCache, default_prometheus_url: str | None
+        self,
+        kube: KubeClient,
+        cache: ObjectCache,
+        default_prometheus_url: str | None,
+        warmup_budget_bytes: int = DEFAULT_WARMUP_BUDGET_BYTES,
     ) -> None:
         self.kube = kube
         self.cache = cache
         self.default_prometheus_url = default_prometheus_url
+        self.warmup_budget_bytes = warmup_budget_bytes
+        """The operator's warm-up budget: the spec is judged valid exactly as the reconcile
+        judges it."""
 
     async def evaluate(self, namespace: str, name: str, now: datetime) -> Evaluation | None:
         """Decide and act once; None when there is nothing to scale (yet), or the watches have
@@ -80,12 +87,18 @@ class Autoscaler:
         body = self.cache.get(INFERENCE_SERVICES.plural, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
-        spec = parse_spec(name, body.get("spec"))
+        spec = parse_spec(name, body.get("spec"), warmup_budget_bytes=self.warmup_budget_bytes)
         if isinstance(spec, SpecError):
             return None  # the reconcile loop reports it; replicas stay as they are
         deployment = self.cache.get(DEPLOYMENTS.plural, namespace, name)
         if deployment is None:
             return None  # the reconcile loop creates it; its watch delivers it
+        controller = next(
+            (r for r in deployment["metadata"].get("ownerReferences") or [] if r.get("controller")),
+            None,
+        )
+        if controller is None or controller.get("uid") != body["metadata"].get("uid"):
+            return None  # someone else's Deployment holds the name (ChildConflict): never scale it
         current = int(deployment["spec"].get("replicas", 1))
         ready = int((deployment.get("status") or {}).get("readyReplicas") or 0)
         pods = self.cache.pods_of(namespace, name)

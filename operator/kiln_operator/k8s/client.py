@@ -29,6 +29,14 @@ class ApiError(Exception):
     def __init__(self, status: int, method: str, path: str, body: str) -> None:
         super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
         self.status = status
+        self.answer = _status_message(body)
+        """The API server's own message (a Status object's `message`), trimmed for people."""
+
+    @property
+    def is_rejection(self) -> bool:
+        """400, 403, 422: the request itself was refused (invalid, forbidden, over a quota);
+        sending it again unchanged gets the same answer."""
+        return self.status in (400, 403, 422)
 
     @property
     def is_conflict(self) -> bool:
@@ -39,6 +47,21 @@ class ApiError(Exception):
     def is_not_found(self) -> bool:
         """404."""
         return self.status == 404
+
+
+MAX_ANSWER = 512
+"""Characters of the API server's message kept for a condition: enough for the field, the
+value and the rule it broke."""
+
+
+def _status_message(body: str) -> str:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    message = parsed.get("message") if isinstance(parsed, dict) else None
+    text = " ".join(str(message if message else body).split())
+    return text if len(text) <= MAX_ANSWER else text[: MAX_ANSWER - 1] + "…"
 
 
 async def load_configuration(kubeconfig: str | None = None) -> client.Configuration:

@@ -7,6 +7,11 @@ serving), and writes nothing at all when everything has converged.
 
 It reads from the watch-fed `ObjectCache` (no request when nothing differs); the periodic resync
 reads the API server itself, the safety net for anything the watches missed.
+
+It writes to and deletes only children whose controller owner is the InferenceService: a name
+held by anything else is reported (Ready=False, ChildConflict) and never written, and a child
+the API server refuses is reported with the server's answer (ChildRejected). Either way the
+reconcile's Outcome carries the problem, and the caller retries with backoff.
 """
 
 import asyncio
@@ -15,8 +20,9 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from kiln_operator import constants
 from kiln_operator.api.v1alpha1 import InferenceServiceSpec
-from kiln_operator.api.validation import SpecError, parse_spec
+from kiln_operator.api.validation import DEFAULT_WARMUP_BUDGET_BYTES, SpecError, parse_spec
 from kiln_operator.builders import (
     Owner,
     build_deployment,
@@ -41,7 +47,7 @@ from kiln_operator.k8s.resources import (
     Resource,
 )
 from kiln_operator.status import Event, compute_status
-from kiln_operator.status.compute import Observation
+from kiln_operator.status.compute import ChildProblem, Observation
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +71,30 @@ class Outcome:
     writes: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     spec_error: SpecError | None = None
+    child_problems: list[ChildProblem] = field(default_factory=list)
+    """Children not written: held by another object, or refused by the API server."""
+
+
+class ChildrenNotApplied(Exception):
+    """Raised by the caller after reporting an Outcome with child problems, so the work queue
+    tries again with backoff (a conflicting object may go, a refusal may be a quota)."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__("; ".join(problem.message for problem in outcome.child_problems))
 
 
 class Reconciler:
     """Reconciles InferenceServices through one KubeClient; one reconcile per object at a time."""
 
-    def __init__(self, kube: KubeClient, cache: ObjectCache) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        cache: ObjectCache,
+        warmup_budget_bytes: int = DEFAULT_WARMUP_BUDGET_BYTES,
+    ) -> None:
         self._kube = kube
         self._cache = cache
+        self._warmup_budget_bytes = warmup_budget_bytes
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._written: dict[tuple[str, str, str], str] = {}
         self._service_monitors: tuple[float, bool] | None = None
@@ -142,7 +164,9 @@ class Reconciler:
         meta = body["metadata"]
         owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
         outcome = Outcome(body=body)
-        parsed = parse_spec(owner.name, body.get("spec"))
+        parsed = parse_spec(
+            owner.name, body.get("spec"), warmup_budget_bytes=self._warmup_budget_bytes
+        )
         if isinstance(parsed, SpecError):
             outcome.spec_error = parsed
         else:
@@ -150,6 +174,9 @@ class Reconciler:
         observation = Observation(
             generation=int(meta.get("generation") or 0),
             spec_error=None if outcome.spec_error is None else outcome.spec_error.message,
+            child_problems=tuple(outcome.child_problems),
+            pods=tuple(self._cache.pods_of(owner.namespace, owner.name)),
+            min_replicas=None if isinstance(parsed, SpecError) else parsed.autoscaling.min_replicas,
             deployment=deployment,
             selector=label_selector_string(owner.name),
             url=http_url(owner),
@@ -173,13 +200,14 @@ class Reconciler:
         outcome: Outcome,
         fresh: bool,
     ) -> Manifest | None:
-        """Create or correct the children; returns the live Deployment after the writes.
+        """Create or correct the children; returns the live Deployment after the writes (None
+        when there is none of ours: not created yet, refused, or the name is held by another).
 
         The Deployment (with its PodDisruptionBudget, which depends on its replicas) and the
         Service are written concurrently: a Service create waits for a cluster IP, and at scale
         that wait should not delay the Deployment's pods, nor the other way round."""
 
-        async def deployment_and_pdb() -> Manifest:
+        async def deployment_and_pdb() -> Manifest | None:
             initial_replicas = spec.autoscaling.min_replicas
             if deployment is None:
                 live = await self._create(
@@ -188,6 +216,8 @@ class Reconciler:
             else:
                 desired = build_deployment(spec, owner)
                 live = await self._correct(DEPLOYMENTS, owner, deployment, desired, outcome)
+            if live is None or not _controlled_by(live, owner):
+                return None
             live_replicas = int((live.get("spec") or {}).get("replicas", initial_replicas))
             if wants_pdb(max(initial_replicas, live_replicas)):
                 await self._ensure(PDBS, owner, build_pdb(owner), outcome, fresh)
@@ -218,7 +248,7 @@ class Reconciler:
         desired: Manifest,
         outcome: Outcome,
         fresh: bool,
-    ) -> Manifest:
+    ) -> Manifest | None:
         live = await self._read(resource, owner.namespace, owner.name, fresh)
         if live is None:
             return await self._create(resource, owner, desired, outcome)
@@ -226,13 +256,18 @@ class Reconciler:
 
     async def _create(
         self, resource: Resource, owner: Owner, desired: Manifest, outcome: Outcome
-    ) -> Manifest:
+    ) -> Manifest | None:
+        """Create the child; None when it was not (refused, or the name is held by another)."""
         try:
             created = await self._kube.create(resource, owner.namespace, desired)
         except ApiError as error:
+            if error.is_rejection:
+                _report_rejection(outcome, desired["kind"], owner, "create", error)
+                return None
             if not error.is_conflict:
                 raise
-            # Created meanwhile (a previous run of a killed operator, or a peer): adopt it.
+            # Exists: ours (created by a killed operator's earlier run, or a peer), or someone
+            # else's; _correct tells them apart and writes only to ours.
             live = await self._read(resource, owner.namespace, owner.name, fresh=True)
             if live is None:
                 raise
@@ -248,9 +283,14 @@ class Reconciler:
         live: Manifest,
         desired: Manifest,
         outcome: Outcome,
-    ) -> Manifest:
-        """Write the child only if a field we set differs; retry on 409 with a fresh read."""
+    ) -> Manifest | None:
+        """Write the child only if it is ours and a field we set differs; retry on 409 with a
+        fresh read. Returns the live child; None when the name is held by another object."""
         for attempt in range(CONFLICT_ATTEMPTS):
+            if not _controlled_by(live, owner):
+                self._cache.forget(resource.plural, owner.namespace, owner.name)
+                outcome.child_problems.append(_conflict(desired["kind"], owner, live))
+                return None
             if not needs_update(live, desired):
                 return live
             try:
@@ -260,6 +300,9 @@ class Reconciler:
                     build_update(live, desired, keep_live_spec=resource in KEEP_LIVE_SPEC),
                 )
             except ApiError as error:
+                if error.is_rejection:
+                    _report_rejection(outcome, desired["kind"], owner, "update", error)
+                    return live
                 if not error.is_conflict or attempt == CONFLICT_ATTEMPTS - 1:
                     raise
                 logger.info(
@@ -282,14 +325,53 @@ class Reconciler:
         self, resource: Resource, owner: Owner, outcome: Outcome, fresh: bool
     ) -> None:
         live = await self._read(resource, owner.namespace, owner.name, fresh)
-        if live is None or not _owned_by(live, owner):
+        if live is None or not _controlled_by(live, owner):
             return
         await self._kube.delete(resource, owner.namespace, owner.name, live["metadata"]["uid"])
         self._cache.forget(resource.plural, owner.namespace, owner.name)
         outcome.writes.append(f"deleted {resource.plural} {owner.namespace}/{owner.name}")
 
 
-def _owned_by(child: Manifest, owner: Owner) -> bool:
-    return any(
-        ref.get("uid") == owner.uid for ref in child["metadata"].get("ownerReferences") or []
+def _controller(child: Manifest) -> dict[str, str] | None:
+    return next(
+        (
+            ref
+            for ref in (child.get("metadata") or {}).get("ownerReferences") or []
+            if ref.get("controller")
+        ),
+        None,
+    )
+
+
+def _controlled_by(child: Manifest, owner: Owner) -> bool:
+    """Whether the InferenceService is the child's controller owner: the only children Kiln
+    writes to or deletes."""
+    controller = _controller(child)
+    return controller is not None and controller.get("uid") == owner.uid
+
+
+def _conflict(kind: str, owner: Owner, live: Manifest) -> ChildProblem:
+    controller = _controller(live)
+    if controller is None:
+        holder = "it has no controller owner"
+    else:
+        holder = f"its controller is {controller.get('kind')} {controller.get('name')}"
+    return ChildProblem(
+        constants.REASON_CHILD_CONFLICT,
+        f"{kind} {owner.namespace}/{owner.name} already exists and is not controlled by this "
+        f"InferenceService ({holder}): Kiln leaves it unchanged; delete or rename it, or rename "
+        "the InferenceService",
+    )
+
+
+def _report_rejection(
+    outcome: Outcome, kind: str, owner: Owner, verb: str, error: ApiError
+) -> None:
+    logger.warning("%s of %s %s/%s refused: %s", verb, kind, owner.namespace, owner.name, error)
+    outcome.child_problems.append(
+        ChildProblem(
+            constants.REASON_CHILD_REJECTED,
+            f"the API server refused to {verb} {kind} {owner.namespace}/{owner.name} "
+            f"(HTTP {error.status}): {error.answer}",
+        )
     )

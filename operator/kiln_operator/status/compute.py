@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from kiln_operator import constants
+from kiln_operator.status.causes import Cause, first_cause
 from kiln_operator.status.conditions import Condition, find_condition, set_condition
 from kiln_operator.status.deployment import rollout_state
 
@@ -30,6 +31,7 @@ OWNED_CONDITION_TYPES = (
     constants.CONDITION_SPEC_VALID,
     constants.CONDITION_DEPLOYMENT_AVAILABLE,
     constants.CONDITION_PROGRESSING,
+    constants.CONDITION_REPLICA_FLOOR_MET,
     constants.CONDITION_READY,
 )
 """Condition types the reconcile loop writes; others in the list belong to other writers."""
@@ -57,6 +59,18 @@ class StatusUpdate:
 
 
 @dataclass(frozen=True)
+class ChildProblem:
+    """A child the reconcile did not write: its name is held by another object
+    (REASON_CHILD_CONFLICT) or the API server refused it (REASON_CHILD_REJECTED)."""
+
+    reason: str
+    message: str
+
+
+CHILD_PROBLEM_REASONS = (constants.REASON_CHILD_CONFLICT, constants.REASON_CHILD_REJECTED)
+
+
+@dataclass(frozen=True)
 class Observation:
     """Everything the status is computed from."""
 
@@ -68,6 +82,12 @@ class Observation:
     selector: str
     url: str
     grpc_address: str
+    child_problems: tuple[ChildProblem, ...] = ()
+    """Children not written this reconcile; Ready says so until a later reconcile writes them."""
+    pods: tuple[dict[str, Any], ...] = ()
+    """The service's pods as the operator's watch last saw them: where causes are read from."""
+    min_replicas: int | None = None
+    """spec.autoscaling.minReplicas of the valid spec; None while the spec is invalid."""
 
 
 def _conditions(
@@ -162,11 +182,19 @@ def _conditions(
                 state.detail,
             )
 
+        cause = first_cause(observation.deployment, list(observation.pods))
+        if observation.min_replicas is not None:
+            conditions = put(conditions, constants.CONDITION_REPLICA_FLOOR_MET,
+                             *_floor(state.available, observation.min_replicas, cause))  # fmt: skip
         judged = find_condition(previous, constants.CONDITION_READY)
         if state.desired == 0:
             ready = (False, constants.REASON_SCALED_TO_ZERO, "the Deployment has 0 replicas")
         elif state.deadline_exceeded:
-            ready = (False, constants.REASON_PROGRESS_DEADLINE_EXCEEDED, state.detail)
+            ready = (
+                False,
+                constants.REASON_PROGRESS_DEADLINE_EXCEEDED,
+                _with_cause(state.detail, cause),
+            )
         elif (
             not state.observed
             and judged is not None
@@ -180,16 +208,51 @@ def _conditions(
                 str(judged.get("message", "")),
             )
         elif state.rolling:
-            ready = (False, constants.REASON_ROLLOUT_IN_PROGRESS, state.detail)
+            previous_spec = state.replicas - state.updated
+            if cause is not None and cause.failure and state.available > 0:
+                ready = (
+                    False,
+                    constants.REASON_ROLLOUT_STALLED,
+                    f"the rollout is stalled: {cause.message}; "
+                    f"{min(previous_spec, state.available)} pods of the previous spec keep serving",
+                )
+            else:
+                ready = (
+                    False,
+                    constants.REASON_ROLLOUT_IN_PROGRESS,
+                    _with_cause(state.detail, cause),
+                )
         elif state.available == 0 or state.ready == 0:
-            ready = (False, constants.REASON_MINIMUM_REPLICAS_UNAVAILABLE, state.detail)
+            if cause is not None:
+                ready = (False, cause.reason, _with_cause(state.detail, cause))
+            else:
+                ready = (False, constants.REASON_MINIMUM_REPLICAS_UNAVAILABLE, state.detail)
         else:
             # Pods of the current spec serve; a scale-up's new pods may still be warming up.
             ready = (True, constants.REASON_AVAILABLE, state.detail)
 
+    if observation.child_problems:
+        first = observation.child_problems[0]
+        message = "; ".join(problem.message for problem in observation.child_problems)
+        ready = (False, first.reason, message)
     if observation.spec_error is not None:
         ready = (False, constants.REASON_INVALID_SPEC, observation.spec_error)
     return put(conditions, constants.CONDITION_READY, *ready)
+
+
+def _with_cause(detail: str, cause: Cause | None) -> str:
+    return detail if cause is None else f"{detail}: {cause.message}"
+
+
+def _floor(available: int, floor: int, cause: Cause | None) -> tuple[bool, str, str]:
+    """ReplicaFloorMet: whether minReplicas pods are available, and if not, why."""
+    if available >= floor:
+        return True, constants.REASON_FLOOR_MET, f"{available} pods available, minReplicas {floor}"
+    return (
+        False,
+        constants.REASON_FLOOR_NOT_MET,
+        _with_cause(f"{available} of minReplicas {floor} pods available", cause),
+    )
 
 
 def _events(previous: list[Condition], current: list[Condition]) -> list[Event]:
@@ -208,6 +271,13 @@ def _events(previous: list[Condition], current: list[Condition]) -> list[Event]:
         events.append(Event("Warning", constants.EVENT_INVALID_SPEC, new_valid["message"]))
     old_ready = find_condition(previous, constants.CONDITION_READY)
     new_ready = find_condition(current, constants.CONDITION_READY)
+    if (
+        new_ready is not None
+        and new_ready["reason"] in CHILD_PROBLEM_REASONS
+        and (old_ready is None or old_ready.get("message") != new_ready["message"])
+    ):
+        events.append(Event("Warning", new_ready["reason"], new_ready["message"]))
+        return events
     if new_ready is not None and (
         old_ready is None or old_ready.get("status") != new_ready["status"]
     ):

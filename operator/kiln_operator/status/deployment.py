@@ -55,7 +55,7 @@ def rollout_state(deployment: dict[str, Any]) -> RolloutState:
     elif updated < desired:
         in_progress, detail = True, f"{updated} of {desired} pods run the current spec"
     elif replicas > updated:
-        in_progress, detail = True, f"{replicas - updated} old pods are terminating"
+        in_progress, detail = True, f"{replicas - updated} pods of the previous spec remain"
     elif available < updated:
         in_progress, detail = True, f"{available} of {updated} updated pods are available"
     else:

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from kiln_operator.api.v1alpha1.inferenceservice import InferenceServiceSpec
+from kiln_operator.api.validation import tensor_bytes, warmup_attempt_bytes
 
 # Reasons on the pod condition (serving.kiln.dev/warmed-up); `kubectl describe pod` shows them.
 REASON_WARMED_UP = "WarmedUp"
@@ -48,10 +49,28 @@ class WarmupPlan:
     p99_bound_ms: float
     attempt_timeout_s: float
     retries: int
+    input_bytes: int = 0
+    """Bytes of one request's input tensors."""
+    output_bytes: int = 0
+    """Bytes of one response's output tensors."""
 
     @property
     def enabled(self) -> bool:
         return self.requests > 0
+
+    def attempt_bytes(self, in_flight: int) -> int:
+        """What an attempt holds of the operator's warm-up budget with `in_flight` requests."""
+        return warmup_attempt_bytes(self.input_bytes, self.output_bytes, in_flight)
+
+    def in_flight_within(self, budget_bytes: int) -> int:
+        """The concurrency an attempt runs at: the spec's, or fewer requests in flight when
+        the spec's would not fit the budget on its own (at least 1: validation refused specs
+        whose single request does not fit)."""
+        fitting = next(
+            (n for n in range(self.concurrency, 0, -1) if self.attempt_bytes(n) <= budget_bytes),
+            1,
+        )
+        return fitting
 
 
 @dataclass(frozen=True)
@@ -91,6 +110,8 @@ def plan_for(spec: InferenceServiceSpec, model_name: str) -> WarmupPlan:
         p99_bound_ms=float(bound),
         attempt_timeout_s=float(spec.warmup.timeout_seconds),
         retries=spec.warmup.retries,
+        input_bytes=tensor_bytes(spec.model.inputs),
+        output_bytes=tensor_bytes(spec.model.outputs),
     )
 
 

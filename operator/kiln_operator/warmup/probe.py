@@ -3,12 +3,16 @@
 Why it exists: the gate must see what a client sees — the same protocol, the same library, the
 pod's own address — so the latencies it judges are real. gRPC is tried first (what production
 clients use); when the gRPC port does not answer, HTTP carries the attempt. Every wait is bounded
-by the attempt's timeout.
+by the attempt's timeout. The request tensors are built once and shared by every request of
+every attempt of one plan running at once (the pods of a service warming up together); each
+attempt holds its bytes of the operator's warm-up budget while it sends (waiting for them does
+not count against its timeout), at a lower concurrency if the spec's would not fit.
 """
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -17,6 +21,7 @@ import tritonclient.grpc.aio as triton_grpc
 import tritonclient.http.aio as triton_http
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
+from kiln_operator.warmup.budget import ByteBudget
 from kiln_operator.warmup.plan import WarmupPlan, WarmupResult
 
 READY_POLL_SECONDS = 0.25
@@ -59,9 +64,9 @@ async def _wait_ready(client: _Client, deadline: float) -> bool:
 
 
 async def _drive(
-    plan: WarmupPlan, send: Callable[[], Awaitable[None]], deadline: float
+    plan: WarmupPlan, send: Callable[[], Awaitable[None]], deadline: float, in_flight: int
 ) -> WarmupResult:
-    """Run ``plan.requests`` calls of ``send`` with ``plan.concurrency`` in flight."""
+    """Run ``plan.requests`` calls of ``send`` with ``in_flight`` at once."""
     latencies: list[float] = []
     errors: list[str] = []
     remaining = plan.requests
@@ -78,7 +83,7 @@ async def _drive(
             else:
                 latencies.append((time.perf_counter() - started) * 1000)
 
-    await asyncio.gather(*(worker() for _ in range(plan.concurrency)))
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
     unsent = max(0, remaining)
     if unsent:
         errors.append(f"{unsent} requests not sent within {plan.attempt_timeout_s:.0f}s")
@@ -102,23 +107,59 @@ def _request(plan: WarmupPlan, protocol: ModuleType) -> tuple[list[Any], list[An
     return inputs, outputs
 
 
-async def run_attempt(plan: WarmupPlan, host: str, grpc_port: int, http_port: int) -> WarmupResult:
+_PREPARED: dict[tuple[WarmupPlan, str], tuple[list[Any], list[Any], int]] = {}
+"""Request tensors by plan and protocol, with the number of attempts using them: the pods of
+one service warming up at once share one copy (tritonclient only reads them per call)."""
+
+
+@contextlib.contextmanager
+def _shared_request(
+    plan: WarmupPlan, protocol: ModuleType
+) -> Iterator[tuple[list[Any], list[Any]]]:
+    key = (plan, protocol.__name__)
+    held = _PREPARED.get(key)
+    inputs, outputs, users = held if held is not None else (*_request(plan, protocol), 0)
+    _PREPARED[key] = (inputs, outputs, users + 1)
+    try:
+        yield inputs, outputs
+    finally:
+        inputs, outputs, users = _PREPARED[key]
+        if users == 1:
+            del _PREPARED[key]
+        else:
+            _PREPARED[key] = (inputs, outputs, users - 1)
+
+
+async def run_attempt(
+    plan: WarmupPlan,
+    host: str,
+    grpc_port: int,
+    http_port: int,
+    budget: ByteBudget | None = None,
+) -> WarmupResult:
     """One warm-up attempt against ``host``: wait until the runtime is ready (model loaded,
-    internal warm-up done), then send the plan's requests over gRPC, or HTTP if gRPC is silent."""
+    internal warm-up done), then send the plan's requests over gRPC, or HTTP if gRPC is silent,
+    holding the attempt's bytes of ``budget`` (None: unbounded) while the tensors exist."""
     deadline = time.monotonic() + plan.attempt_timeout_s
-    http = triton_http.InferenceServerClient(f"{host}:{http_port}", conn_limit=plan.concurrency)
+    in_flight = plan.concurrency if budget is None else plan.in_flight_within(budget.capacity)
+    http = triton_http.InferenceServerClient(f"{host}:{http_port}", conn_limit=in_flight)
     grpc = triton_grpc.InferenceServerClient(f"{host}:{grpc_port}")
     try:
         if not await _wait_ready(http, deadline):
             return WarmupResult(latencies_ms=(), runtime_ready=False)
         use_grpc = await _wait_ready(grpc, min(deadline, time.monotonic() + GRPC_GRACE_SECONDS))
         client, protocol = (grpc, triton_grpc) if use_grpc else (http, triton_http)
-        inputs, outputs = _request(plan, protocol)
+        queued = time.monotonic()
+        async with (
+            budget.hold(plan.attempt_bytes(in_flight)) if budget else contextlib.nullcontext()
+        ):
+            deadline += time.monotonic() - queued  # waiting for the budget does not count
+            with _shared_request(plan, protocol) as (inputs, outputs):
 
-        async def send() -> None:
-            await client.infer(plan.model_name, inputs, outputs=outputs)
+                async def send() -> None:
+                    await client.infer(plan.model_name, inputs, outputs=outputs)
 
-        return await _drive(plan, send, deadline)
+                return await _drive(plan, send, deadline, in_flight)
     finally:
         await grpc.close()
         await http.close()

@@ -120,10 +120,14 @@ def test_update_rolls_out_and_is_not_ready_while_the_rollout_is_stuck(
         name="mlp",
         kind="Ready",
         status="False",
-        reason="RolloutInProgress",
+        reason="RolloutStalled",
         timeout=LONG,
     )
     assert ready["observedGeneration"] == 2
+    # it says why, and who keeps serving (not "old pods are terminating": they wait)
+    assert "the rollout is stalled: pod mlp-" in ready["message"]
+    assert "cannot be scheduled: 0/" in ready["message"]
+    assert ready["message"].endswith("; 1 pods of the previous spec keep serving")
     progressing = condition(get(cluster, namespace, "inferenceservice", "mlp"), "Progressing")
     assert progressing is not None and progressing["status"] == "True"
     # maxUnavailable 0: the old pod keeps serving while the new one cannot start

@@ -13,7 +13,7 @@ import pytest
 from kiln_localcluster.load import ready_endpoints
 from kiln_localcluster.waiting import wait_for
 from tests.integration.conftest import Cluster
-from tests.integration.operator.conftest import apply, condition, mlp_service
+from tests.integration.operator.conftest import apply, condition, mlp_service, wait_condition
 
 pytestmark = [
     pytest.mark.integration,
@@ -95,6 +95,13 @@ def test_pod_over_its_p99_bound_never_becomes_ready(
         f"involvedObject.name={pod['metadata']['name']},type=Warning",
     )["items"]  # fmt: skip
     assert any(e["reason"] == "P99OverBound" for e in events)
+    # the InferenceService says why it is not Ready, with the gate's verdict
+    ready = wait_condition(
+        cluster, namespace, name="slow", kind="Ready", status="False", reason="WarmupFailed",
+        timeout=60,
+    )  # fmt: skip
+    assert f"warm-up of pod {pod['metadata']['name']} failed (P99OverBound)" in ready["message"]
+    assert "exceeds the bound 0.001 ms" in ready["message"]
 
 
 def test_runtime_that_never_gets_ready_fails_with_a_timeout_reason(
@@ -107,6 +114,11 @@ def test_runtime_that_never_gets_ready_fails_with_a_timeout_reason(
     gate = gate_of(pod)
     assert gate is not None and gate["reason"] == "RuntimeNotReady"
     assert "3s" in gate["message"]
+    ready = wait_condition(
+        cluster, namespace, name="broken", kind="Ready", status="False", reason="WarmupFailed",
+        timeout=60,
+    )  # fmt: skip
+    assert "failed (RuntimeNotReady): runtime not ready within 3s" in ready["message"]
 
 
 def test_operator_restarted_mid_warm_up_finishes_the_job(

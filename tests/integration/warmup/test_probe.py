@@ -1,5 +1,6 @@
 """The warm-up probe against a real kiln_runtime process: tritonclient over gRPC, else HTTP."""
 
+import asyncio
 import dataclasses
 from collections.abc import Iterator
 
@@ -7,6 +8,7 @@ import pytest
 
 from kiln_localcluster.processes import free_ports
 from kiln_operator.warmup import plan as warmup
+from kiln_operator.warmup.budget import ByteBudget
 from kiln_operator.warmup.probe import run_attempt
 from kiln_runtime.examples import write_example
 from tests.integration.runtime.runtime_process import HOST, Runtime, running
@@ -80,5 +82,21 @@ async def test_wrong_tensor_shape_counts_as_request_errors(runtime: Runtime) -> 
 
 async def test_no_runtime_times_out_as_not_ready() -> None:
     quick = dataclasses.replace(PLAN, attempt_timeout_s=1.0)
-    result = await run_attempt(quick, HOST, *free_ports(2))
+    grpc_port, http_port = free_ports(2)
+    result = await run_attempt(quick, HOST, grpc_port, http_port)
     assert warmup.judge(quick, result).reason == warmup.REASON_RUNTIME_NOT_READY
+
+
+async def test_attempts_sharing_a_small_budget_all_pass_and_never_exceed_it(
+    runtime: Runtime,
+) -> None:
+    sized = dataclasses.replace(PLAN, input_bytes=512 * 4, output_bytes=10 * 4)
+    budget = ByteBudget(sized.attempt_bytes(3))  # one attempt at 3 in flight, not two
+    before = served(runtime, "grpc")
+    results = await asyncio.gather(
+        *(run_attempt(sized, HOST, runtime.grpc_port, runtime.http_port, budget) for _ in range(3))
+    )
+    assert all(warmup.judge(sized, result).passed for result in results)
+    assert served(runtime, "grpc") - before == 3 * PLAN.requests
+    assert budget.peak_held == sized.attempt_bytes(3)  # the concurrency shrank from 8 to 3
+    assert budget.held == 0

@@ -15,6 +15,7 @@ import pytest
 
 from kiln_operator import constants
 from kiln_operator.handlers import inferenceservice
+from kiln_operator.handlers.warmup_gate import _queue_status
 from kiln_operator.k8s.cache import ObjectCache
 
 # kopf types a decorated handler as its own callback protocol; called here as kopf would.
@@ -65,3 +66,25 @@ async def test_a_listing_asks_for_a_fresh_read_and_a_change_does_not(
     )
     assert queue.added == [queued]
     assert memo.cache.get("deployments", "ns", "svc") is not None
+
+
+@pytest.mark.parametrize(
+    ("ready", "queued"), [("False", [("ns", "svc", "pod", False)]), ("True", [])]
+)
+def test_a_pod_that_does_not_serve_queues_its_services_status(
+    ready: str, queued: list[tuple[str, str, str, bool]]
+) -> None:
+    """Why a service is not Ready is read from its pods: a pod event that may change it (the
+    scheduler's verdict, a crash, a warm-up verdict) queues a reconcile; a Ready pod's does not
+    (its Deployment's status change queues one already)."""
+    queue = RecordingQueue()
+    pod = {
+        "metadata": {
+            "namespace": "ns",
+            "name": "svc-abc",
+            "labels": {constants.LABEL_INFERENCESERVICE: "svc"},
+        },
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    }
+    _queue_status(SimpleNamespace(workqueue=queue), pod)
+    assert queue.added == queued

@@ -314,6 +314,7 @@ async def test_status_is_applied_without_touching_other_writers_conditions() -> 
         "SpecValid",
         "DeploymentAvailable",
         "Progressing",
+        "ReplicaFloorMet",
         "Ready",
         "MetricsAvailable",
     }

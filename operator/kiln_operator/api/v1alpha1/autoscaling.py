@@ -99,7 +99,7 @@ class AutoscalingSpec(ApiModel):
     """The fewest replicas the service ever runs."""
 
     max_replicas: Annotated[int, Field(ge=1, le=10_000)] = 10
-    """The most replicas the service ever runs (also caps pre-warm floors)."""
+    """The most replicas the service ever runs (pre-warm floors must not exceed it)."""
 
     queue_depth_per_replica: Annotated[float, Field(gt=0, le=100_000)] = 16.0
     """Target number of requests waiting in the batching queue per ready replica; above it the
@@ -171,7 +171,7 @@ class PrewarmSchedule(ApiModel):
     """How long the window stays open."""
 
     min_replicas: Annotated[int, Field(ge=1, le=10_000)]
-    """The replica floor while the window is open (capped by `maxReplicas`)."""
+    """The replica floor while the window is open; above `maxReplicas` the spec is refused."""
 
     lead_time_seconds: Annotated[int | None, Field(ge=0, le=86_400)] = None
     """How long before the window opens the floor is raised. By default, the measured

@@ -1,0 +1,146 @@
+"""first_cause: why the pods of an InferenceService do not serve, from what the operator watches.
+
+Why it exists: "0 of 1 updated pods are available" tells nobody what to do. Kubernetes already
+knows the cause — the scheduler's reason on the pod, the ReplicaSet's failure to create pods
+(a quota) copied onto the Deployment, the kubelet's container states, the warm-up gate's
+verdict — and the operator already watches the Deployment and the pods. This reads them (no
+request of its own) and names the first cause, in the order a person should fix them. Pure: the
+objects are parameters.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from kiln_operator import constants
+from kiln_operator.warmup.plan import REASON_WARMING
+
+IMAGE_PULL_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
+"""Container waiting reasons of the kubelet that mean the image cannot be had."""
+CONFIG_ERROR_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError"})
+"""Container waiting reasons meaning the container cannot be created as specified."""
+MAX_CAUSE = 400
+"""Characters kept of a message Kubernetes wrote (a termination message can be long)."""
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why pods do not serve: a reason constant, and a message naming the pod and the cause."""
+
+    reason: str
+    message: str
+    failure: bool
+    """True when the pods will not serve without a change (of the spec, the cluster, a quota);
+    False while they are merely on their way (starting, warming up)."""
+
+
+def _trim(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= MAX_CAUSE else text[: MAX_CAUSE - 1] + "…"
+
+
+def _condition(conditions: list[dict[str, Any]] | None, kind: str) -> dict[str, Any] | None:
+    return next((c for c in conditions or [] if c.get("type") == kind), None)
+
+
+def _pod_cause(pod: dict[str, Any]) -> Cause | None:
+    name = pod["metadata"]["name"]
+    status = pod.get("status") or {}
+    conditions = status.get("conditions")
+    scheduled = _condition(conditions, "PodScheduled")
+    if scheduled and scheduled.get("status") == "False" and scheduled.get("reason"):
+        return Cause(
+            constants.REASON_UNSCHEDULABLE,
+            f"pod {name} cannot be scheduled: {_trim(scheduled.get('message', ''))}",
+            failure=True,
+        )
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason", "")
+        if reason in IMAGE_PULL_REASONS:
+            return Cause(
+                constants.REASON_IMAGE_PULL_FAILED,
+                f"pod {name} cannot pull image {container.get('image', '')} ({reason}): "
+                f"{_trim(waiting.get('message', ''))}",
+                failure=True,
+            )
+        if reason in CONFIG_ERROR_REASONS:
+            return Cause(
+                constants.REASON_CONTAINER_CANNOT_START,
+                f"pod {name}: container {container.get('name')} cannot start ({reason}): "
+                f"{_trim(waiting.get('message', ''))}",
+                failure=True,
+            )
+        if reason == "CrashLoopBackOff":
+            last = (container.get("lastState") or {}).get("terminated") or {}
+            said = _trim(last.get("message", "")) or "no termination message"
+            return Cause(
+                constants.REASON_CRASH_LOOP,
+                f"pod {name}: container {container.get('name')} keeps crashing "
+                f"({container.get('restartCount', 0)} restarts; last exit code "
+                f"{last.get('exitCode', '?')}, {last.get('reason', 'unknown reason')}): {said}",
+                failure=True,
+            )
+    gate = _condition(conditions, constants.CONDITION_WARMED_UP)
+    if gate and gate.get("status") == "False" and gate.get("reason") != REASON_WARMING:
+        return Cause(
+            constants.REASON_WARMUP_FAILED,
+            f"warm-up of pod {name} failed ({gate.get('reason')}): "
+            f"{_trim(gate.get('message', ''))}",
+            failure=True,
+        )
+    runtime = next(
+        (
+            c
+            for c in status.get("containerStatuses") or []
+            if c.get("name") == constants.RUNTIME_CONTAINER
+        ),
+        None,
+    )
+    if (
+        runtime is not None
+        and "running" in (runtime.get("state") or {})
+        and not runtime.get("ready")
+    ):
+        return Cause(
+            constants.REASON_RUNTIME_NOT_READY,
+            f"pod {name}: the runtime is not ready yet (loading the model, warming up its "
+            "batch sizes)",
+            failure=False,
+        )
+    if gate and gate.get("status") == "False":
+        return Cause(
+            constants.REASON_WARMING_UP,
+            f"pod {name} is warming up: {_trim(gate.get('message', ''))}",
+            failure=False,
+        )
+    return None
+
+
+def _is_ready(pod: dict[str, Any]) -> bool:
+    ready = _condition((pod.get("status") or {}).get("conditions"), "Ready")
+    return ready is not None and ready.get("status") == "True"
+
+
+def first_cause(deployment: dict[str, Any] | None, pods: list[dict[str, Any]]) -> Cause | None:
+    """The first reason why pods of the current spec do not serve; None if none is known.
+
+    Pods refused at creation (a ResourceQuota: the Deployment's ReplicaFailure condition) come
+    first, then failures of existing pods (unschedulable, image, crash loop, warm-up), then the
+    pods still on their way. Pods of the current template are judged before older ones.
+    """
+    if deployment is not None:
+        failure = _condition((deployment.get("status") or {}).get("conditions"), "ReplicaFailure")
+        if failure and failure.get("status") == "True":
+            return Cause(
+                constants.REASON_PODS_REFUSED,
+                f"pods cannot be created ({failure.get('reason', 'FailedCreate')}): "
+                f"{_trim(failure.get('message', ''))}",
+                failure=True,
+            )
+    waiting = [p for p in pods if not _is_ready(p) and not p["metadata"].get("deletionTimestamp")]
+    # Newest first: in a rollout, the new template's pods are the ones that matter.
+    waiting.sort(key=lambda p: p["metadata"].get("creationTimestamp", ""), reverse=True)
+    causes = [cause for pod in waiting if (cause := _pod_cause(pod)) is not None]
+    return next((c for c in causes if c.failure), causes[0] if causes else None)

@@ -1,0 +1,197 @@
+"""Ready says why: the first cause read from the Deployment and the pods as the watches deliver
+them (statuses written the way the scheduler, the ReplicaSet controller, the kubelet and the
+warm-up gate write them), a stalled rollout says how many old pods serve, and the replica floor
+has its own condition."""
+
+from datetime import UTC, datetime
+from typing import Any
+
+from kiln_operator import constants
+from kiln_operator.status.causes import first_cause
+from kiln_operator.status.compute import Observation, compute_status
+
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+
+
+def pod(
+    name: str,
+    *,
+    created: str = "2026-11-25T11:00:00Z",
+    conditions: list[dict[str, Any]] | None = None,
+    containers: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "creationTimestamp": created},
+        "status": {"conditions": conditions or [], "containerStatuses": containers or []},
+    }
+
+
+UNSCHEDULABLE_GPUS = {
+    "type": "PodScheduled",
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes "
+    "are available: 3 No preemption victims found for incoming pod.",
+}
+READY = {"type": "Ready", "status": "True"}
+
+
+def runtime(state: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {
+        "name": "runtime",
+        "image": "kiln/runtime:dev",
+        "ready": False,
+        "state": state,
+        **fields,
+    }
+
+
+def deployment(
+    *, desired: int = 1, replicas: int = 1, updated: int = 1, available: int = 0, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "metadata": {"generation": 2},
+        "spec": {"replicas": desired},
+        "status": {
+            "observedGeneration": 2,
+            "replicas": replicas,
+            "updatedReplicas": updated,
+            "readyReplicas": available,
+            "availableReplicas": available,
+            "conditions": extra.get("conditions", []),
+        },
+    }
+
+
+def test_the_schedulers_reason_is_the_cause_of_an_unschedulable_pod() -> None:
+    cause = first_cause(deployment(), [pod("a", conditions=[UNSCHEDULABLE_GPUS])])
+    assert cause is not None and cause.failure
+    assert cause.reason == constants.REASON_UNSCHEDULABLE
+    assert cause.message.startswith("pod a cannot be scheduled: 0/3 nodes are available: 3 ")
+    assert "Insufficient nvidia.com/gpu" in cause.message
+
+
+def test_a_quota_refusing_pods_comes_first() -> None:
+    failure = {
+        "type": "ReplicaFailure",
+        "status": "True",
+        "reason": "FailedCreate",
+        "message": 'pods "mlp-5d4f-x" is forbidden: exceeded quota: gpu-quota, requested: '
+        "requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=3, limited: "
+        "requests.nvidia.com/gpu=3",
+    }
+    cause = first_cause(
+        deployment(conditions=[failure]), [pod("a", conditions=[UNSCHEDULABLE_GPUS])]
+    )
+    assert cause is not None and cause.reason == constants.REASON_PODS_REFUSED
+    assert "exceeded quota: gpu-quota" in cause.message
+
+
+def test_image_pull_and_crash_loop_carry_the_kubelets_words() -> None:
+    pulling = runtime(
+        {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x:1"'}}
+    )
+    cause = first_cause(deployment(), [pod("a", containers=[pulling])])
+    assert cause is not None and cause.reason == constants.REASON_IMAGE_PULL_FAILED
+    assert "ImagePullBackOff" in cause.message and "Back-off pulling image" in cause.message
+
+    crashing = runtime(
+        {"waiting": {"reason": "CrashLoopBackOff"}},
+        restartCount=4,
+        lastState={
+            "terminated": {
+                "exitCode": 2,
+                "reason": "Error",
+                "message": "model file /models/x/model.pt not found",
+            }
+        },
+    )
+    cause = first_cause(deployment(), [pod("a", containers=[crashing])])
+    assert cause is not None and cause.reason == constants.REASON_CRASH_LOOP
+    assert "4 restarts; last exit code 2, Error" in cause.message
+    assert cause.message.endswith("model file /models/x/model.pt not found")
+
+
+def test_a_failed_warm_up_is_a_failure_and_warming_up_is_progress() -> None:
+    failed = {
+        "type": constants.CONDITION_WARMED_UP,
+        "status": "False",
+        "reason": "RequestErrors",
+        "message": "92 of 200 warm-up requests failed: TimeoutError",
+    }
+    cause = first_cause(deployment(), [pod("a", conditions=[failed])])
+    assert cause is not None and cause.failure
+    assert cause.reason == constants.REASON_WARMUP_FAILED
+    assert "(RequestErrors): 92 of 200 warm-up requests failed: TimeoutError" in cause.message
+
+    warming = {**failed, "reason": "WarmingUp", "message": "attempt 1/3"}
+    running = {"name": "runtime", "ready": True, "state": {"running": {}}}
+    cause = first_cause(deployment(), [pod("a", conditions=[warming], containers=[running])])
+    assert cause is not None and not cause.failure
+    assert cause.reason == constants.REASON_WARMING_UP
+
+
+def test_a_runtime_that_runs_but_is_not_ready_is_named() -> None:
+    cause = first_cause(deployment(), [pod("a", containers=[runtime({"running": {}})])])
+    assert cause is not None and cause.reason == constants.REASON_RUNTIME_NOT_READY
+
+
+def test_ready_pods_have_no_cause_and_failures_beat_progress() -> None:
+    assert first_cause(deployment(), [pod("a", conditions=[READY])]) is None
+    assert first_cause(None, []) is None
+    starting = pod("new", created="2026-11-25T11:59:00Z", containers=[runtime({"running": {}})])
+    stuck = pod("old", conditions=[UNSCHEDULABLE_GPUS])
+    cause = first_cause(deployment(), [starting, stuck])
+    assert cause is not None and cause.reason == constants.REASON_UNSCHEDULABLE
+
+
+def observe(body: dict[str, Any], pods: list[dict[str, Any]], min_replicas: int = 1) -> Any:
+    observation = Observation(
+        generation=2,
+        spec_error=None,
+        deployment=body,
+        selector="s",
+        url="u",
+        grpc_address="g",
+        pods=tuple(pods),
+        min_replicas=min_replicas,
+    )
+    conditions = compute_status({}, observation, NOW).applied["conditions"]
+    return {c["type"]: c for c in conditions}
+
+
+def test_ready_names_the_cause_when_no_pod_serves() -> None:
+    conditions = observe(deployment(), [pod("a", conditions=[UNSCHEDULABLE_GPUS])])
+    ready = conditions["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "Unschedulable")
+    assert ready["message"].startswith("0 of 1 updated pods are available: pod a cannot be ")
+    assert "Insufficient nvidia.com/gpu" in ready["message"]
+
+
+def test_a_rollout_stalled_behind_an_unschedulable_pod_says_so_and_who_serves() -> None:
+    rolling = deployment(desired=1, replicas=2, updated=1, available=1)
+    new = pod("new", created="2026-11-25T11:59:00Z", conditions=[UNSCHEDULABLE_GPUS])
+    old = pod("old", conditions=[READY])
+    ready = observe(rolling, [new, old])["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "RolloutStalled")
+    assert ready["message"].startswith("the rollout is stalled: pod new cannot be scheduled")
+    assert ready["message"].endswith("; 1 pods of the previous spec keep serving")
+    assert "terminating" not in observe(rolling, [new, old])["Progressing"]["message"]
+
+
+def test_the_replica_floor_has_its_own_condition_and_ready_stays_true_while_serving() -> None:
+    failure = {
+        "type": "ReplicaFailure",
+        "status": "True",
+        "reason": "FailedCreate",
+        "message": "exceeded quota: pods, limited: pods=3",
+    }
+    serving = deployment(desired=5000, replicas=3, updated=3, available=3, conditions=[failure])
+    conditions = observe(serving, [pod(f"p{i}", conditions=[READY]) for i in range(3)], 5000)
+    assert conditions["Ready"]["status"] == "True"
+    floor = conditions["ReplicaFloorMet"]
+    assert (floor["status"], floor["reason"]) == ("False", "FloorNotMet")
+    assert floor["message"].startswith("3 of minReplicas 5000 pods available: pods cannot be")
+    assert "exceeded quota: pods" in floor["message"]
+    met = observe(deployment(available=1), [pod("a", conditions=[READY])])["ReplicaFloorMet"]
+    assert (met["status"], met["reason"]) == ("True", "FloorMet")

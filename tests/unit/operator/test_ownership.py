@@ -1,0 +1,179 @@
+"""The reconcile loop writes only children the InferenceService controls: a name held by
+another object is reported (ChildConflict, naming kind and object) and never written; a child
+the API server refuses is reported with the server's answer (ChildRejected) and cleared by a
+later success."""
+
+import copy
+import json
+from typing import Any
+
+from kiln_operator import constants
+from kiln_operator.k8s.cache import ObjectCache
+from kiln_operator.k8s.client import ApiError, Manifest
+from kiln_operator.k8s.reconciler import ChildrenNotApplied
+from kiln_operator.k8s.resources import DEPLOYMENTS, INFERENCE_SERVICES, PDBS, SERVICES, Resource
+from tests.unit.operator.conftest import load_sample
+from tests.unit.operator.test_reconciler import NAMESPACE, FakeKube, add_service, live, reconciler
+
+
+def foreign(kind: str, api_version: str, controller: dict[str, Any] | None) -> Manifest:
+    meta: dict[str, Any] = {"name": "mlp", "namespace": NAMESPACE, "labels": {"team": "other"}}
+    if controller is not None:
+        meta["ownerReferences"] = [{**controller, "controller": True}]
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": meta,
+        "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80}]},
+    }
+
+
+def ready(kube: FakeKube) -> dict[str, Any]:
+    conditions = live(kube, INFERENCE_SERVICES)["status"]["conditions"]
+    found: dict[str, Any] = next(c for c in conditions if c["type"] == "Ready")
+    return found
+
+
+def put(kube: FakeKube, resource: Resource, body: Manifest) -> Manifest:
+    stored = kube._stamp(body)
+    kube.objects[(resource.plural, NAMESPACE, "mlp")] = stored
+    return copy.deepcopy(stored)
+
+
+async def test_a_foreign_service_and_deployment_are_never_written_and_named() -> None:
+    kube = FakeKube()
+    add_service(kube, load_sample("minimal")["spec"])
+    service = put(kube, SERVICES, foreign("Service", "v1", None))
+    other_owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x", "uid": "other"}
+    deployment = put(kube, DEPLOYMENTS, foreign("Deployment", "apps/v1", other_owner))
+
+    outcome = await reconciler(kube).reconcile(NAMESPACE, "mlp")
+
+    assert live(kube, SERVICES) == service
+    assert live(kube, DEPLOYMENTS) == deployment
+    assert [w for w in kube.writes if w[0] != "create"] == [("status", "inferenceservices")]
+    assert {p.reason for p in outcome.child_problems} == {constants.REASON_CHILD_CONFLICT}
+    condition = ready(kube)
+    assert condition["status"] == "False"
+    assert condition["reason"] == "ChildConflict"
+    assert f"Service {NAMESPACE}/mlp already exists" in condition["message"]
+    assert "it has no controller owner" in condition["message"]
+    assert f"Deployment {NAMESPACE}/mlp already exists" in condition["message"]
+    assert "its controller is ReplicaSet x" in condition["message"]
+    assert any(e.reason == "ChildConflict" for e in outcome.events)
+    assert str(ChildrenNotApplied(outcome)).count("already exists") == 2
+
+
+async def test_a_foreign_object_in_the_cache_is_not_written_either() -> None:
+    kube = FakeKube()
+    add_service(kube, load_sample("minimal")["spec"])
+    deployment = put(kube, DEPLOYMENTS, foreign("Deployment", "apps/v1", None))
+    cache = ObjectCache()
+    cache.store(DEPLOYMENTS.plural, deployment)  # carried the managed-by label, say
+    await reconciler(kube, cache).reconcile(NAMESPACE, "mlp")
+    assert live(kube, DEPLOYMENTS) == deployment
+    assert cache.get(DEPLOYMENTS.plural, NAMESPACE, "mlp") is None  # the autoscaler sees none
+
+
+async def test_once_the_foreign_object_is_gone_kiln_creates_its_own_and_ready_clears() -> None:
+    kube = FakeKube()
+    add_service(kube, load_sample("minimal")["spec"])
+    put(kube, SERVICES, foreign("Service", "v1", None))
+    await reconciler(kube).reconcile(NAMESPACE, "mlp")
+    assert ready(kube)["reason"] == "ChildConflict"
+    del kube.objects[(SERVICES.plural, NAMESPACE, "mlp")]
+    outcome = await reconciler(kube).reconcile(NAMESPACE, "mlp")
+    assert outcome.child_problems == []
+    owners = live(kube, SERVICES)["metadata"]["ownerReferences"]
+    assert owners[0]["uid"] == "isvc-uid"
+    assert ready(kube)["reason"] != "ChildConflict"
+
+
+async def test_a_pdb_is_deleted_only_when_the_service_is_its_controller() -> None:
+    kube = FakeKube()
+    add_service(kube, load_sample("minimal")["spec"])  # one replica: no PDB wanted
+    merely_referencing = {"apiVersion": "x/v1", "kind": "X", "name": "x", "uid": "isvc-uid"}
+    pdb = foreign("PodDisruptionBudget", "policy/v1", None)
+    pdb["metadata"]["ownerReferences"] = [merely_referencing]  # an owner, not the controller
+    kube.objects[(PDBS.plural, NAMESPACE, "mlp")] = kube._stamp(pdb)
+    await reconciler(kube).reconcile(NAMESPACE, "mlp")
+    assert (PDBS.plural, NAMESPACE, "mlp") in kube.objects
+    assert ("delete", PDBS.plural) not in kube.writes
+
+
+class RefusingKube(FakeKube):
+    """Refuses Deployment writes with a 422 Status, as the API server does, while `refusing`."""
+
+    refusing = True
+
+    def _refuse(self, method: str, resource: Resource) -> None:
+        if self.refusing and resource is DEPLOYMENTS:
+            status = {
+                "kind": "Status",
+                "status": "Failure",
+                "reason": "Invalid",
+                "code": 422,
+                "message": 'Deployment.apps "mlp" is invalid: spec.template.spec.containers[0]'
+                '.resources.requests[cpu]: Invalid value: "-1": must be greater than or equal '
+                "to 0",
+            }
+            raise ApiError(422, method, resource.path(NAMESPACE), json.dumps(status))
+
+    async def create(self, resource: Resource, namespace: str | None, body: Manifest) -> Manifest:
+        self._refuse("POST", resource)
+        return await super().create(resource, namespace, body)
+
+    async def replace(self, resource: Resource, namespace: str | None, body: Manifest) -> Manifest:
+        self._refuse("PUT", resource)
+        return await super().replace(resource, namespace, body)
+
+
+async def test_a_refused_child_becomes_ready_false_child_rejected_with_the_servers_answer() -> None:
+    kube = RefusingKube()
+    add_service(kube, load_sample("minimal")["spec"])
+    outcome = await reconciler(kube).reconcile(NAMESPACE, "mlp")
+    condition = ready(kube)
+    assert (condition["status"], condition["reason"]) == ("False", "ChildRejected")
+    assert condition["message"] == (
+        f"the API server refused to create Deployment {NAMESPACE}/mlp (HTTP 422): "
+        'Deployment.apps "mlp" is invalid: spec.template.spec.containers[0].resources'
+        '.requests[cpu]: Invalid value: "-1": must be greater than or equal to 0'
+    )
+    assert (SERVICES.plural, NAMESPACE, "mlp") in kube.objects  # the rest is still applied
+    assert [e.reason for e in outcome.events] == ["ChildRejected"]
+
+    again = await reconciler(kube).reconcile(NAMESPACE, "mlp")
+    assert again.events == []  # the same refusal is announced once
+
+    kube.refusing = False
+    cleared = await reconciler(kube).reconcile(NAMESPACE, "mlp")
+    assert cleared.child_problems == []
+    assert ready(kube)["reason"] != "ChildRejected"
+
+
+async def test_a_refused_update_keeps_reporting_the_live_deployment() -> None:
+    kube = RefusingKube()
+    kube.refusing = False
+    spec = load_sample("minimal")["spec"]
+    add_service(kube, spec)
+    running = reconciler(kube)  # its cache keeps what it created: the next write is an update
+    await running.reconcile(NAMESPACE, "mlp")
+    kube.objects[(INFERENCE_SERVICES.plural, NAMESPACE, "mlp")]["spec"]["runtime"]["image"] = "n:2"
+    kube.refusing = True
+    outcome = await running.reconcile(NAMESPACE, "mlp", fresh=True)
+    assert [p.reason for p in outcome.child_problems] == ["ChildRejected"]
+    assert "refused to update Deployment" in ready(kube)["message"]
+    available = next(
+        c
+        for c in live(kube, INFERENCE_SERVICES)["status"]["conditions"]
+        if c["type"] == "DeploymentAvailable"
+    )
+    assert available["reason"] != "DeploymentMissing"
+
+
+def test_the_answer_is_trimmed_to_what_a_person_reads() -> None:
+    error = ApiError(422, "POST", "/x", json.dumps({"message": "word " * 400}))
+    assert len(error.answer) == 512 and error.answer.endswith("…")
+    assert ApiError(500, "POST", "/x", "not json\n at all").answer == "not json at all"
+    assert ApiError(422, "POST", "/x", "{}").is_rejection
+    assert not ApiError(409, "POST", "/x", "{}").is_rejection
