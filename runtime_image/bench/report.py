@@ -141,6 +141,7 @@ def write_report(results: dict[str, Any], path: Path) -> None:
             f"- afterwards: {after['throughput']:.1f} req/s at c=1, p50 {after['p50_ms']:.1f} ms, "
             f"{after['errors']} errors; server still running: {o['still_running']}.",
         ]
+    lines += abuse_section(results.get("abuse", []))
     lines += [
         "",
         "## Reading the numbers",
@@ -159,3 +160,28 @@ def write_report(results: dict[str, Any], path: Path) -> None:
         "",
     ]
     path.write_text("\n".join(lines))
+
+
+def abuse_section(rows: list[dict[str, Any]]) -> list[str]:
+    """The HTTP/1.1 abuse table: rows the integration tests write (``KILN_ABUSE_OUT``)."""
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Abuse (HTTP/1.1, MLP)",
+        "",
+        "From `tests/integration/runtime/test_http_limits.py` (a real runtime on loopback,",
+        "limits lowered so each attack lasts ~2.5 s). A probe client sends one MLP inference",
+        "every 10 ms throughout on its own keep-alive connection; target: every probe answered,",
+        "p99 <= 50 ms. RSS is the runtime process's, sampled every 20 ms.",
+        "",
+        "| attack | peak RSS (start) | probe p99 (probes, failures) | result |",
+        "|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['attack']} | {row['peak_rss_mib']} MiB ({row['start_rss_mib']} MiB) | "
+            f"{row['probe_p99_ms']:.1f} ms ({row['probes']}, {row['probe_failures']}) | "
+            f"{row['result']} |"
+        )
+    return lines

@@ -178,6 +178,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--overload-seconds", type=float, default=30.0)
     parser.add_argument(
+        "--abuse", type=Path,
+        help="JSON lines from the HTTP abuse tests (KILN_ABUSE_OUT), rendered as their table",
+    )  # fmt: skip
+    parser.add_argument(
         "--models", nargs="+", choices=sorted(PLAN), default=sorted(PLAN),
         help="a subset for a short check; the report's transformer targets need it",
     )  # fmt: skip
@@ -253,6 +257,8 @@ def main() -> None:
                 results["overload"] = overload_run(
                     model_dir, capacity, args.overload_seconds, logs / "overload.log"
                 )
+    if args.abuse is not None:
+        results["abuse"] = [json.loads(line) for line in args.abuse.read_text().splitlines()]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "runtime.json").write_text(json.dumps(results, indent=1))
     write_report(results, args.out / "runtime.md")

@@ -187,8 +187,6 @@ class HttpConnection(asyncio.Protocol):
         if self._refusing:
             return
         if not self._in_body:
-            if not self._in_headers and self._worker is None and not self._pending:
-                self._arm(self._limits.header_timeout_seconds, "request headers")
             self._header_bytes += len(data)  # an upper bound: the chunk may end in a body
         try:
             self._parser.feed_data(data)
@@ -211,6 +209,7 @@ class HttpConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._current = _Request()
         self._in_headers = True
+        self._arm(self._limits.header_timeout_seconds, "request headers")
 
     def on_url(self, url: bytes) -> None:
         self._current.url += url
@@ -377,9 +376,13 @@ class HttpConnection(asyncio.Protocol):
         self._held_writes = buffered
 
     def _pause_reading(self) -> None:
+        """Stop reading; a request half-read meanwhile is not the client's delay, so its
+        timer stops too (the write timeout bounds a client that does not read)."""
         if not self._read_paused and self._transport is not None:
             self._read_paused = True
             self._transport.pause_reading()
+            if self._in_headers or self._in_body:
+                self._cancel_timer()
 
     def _maybe_resume_reading(self) -> None:
         if (
@@ -391,6 +394,10 @@ class HttpConnection(asyncio.Protocol):
         ):
             self._read_paused = False
             self._transport.resume_reading()
+            if self._in_headers:
+                self._arm(self._limits.header_timeout_seconds, "request headers")
+            elif self._in_body:
+                self._arm(self._limits.body_timeout_seconds, "request body")
 
 
 class HttpServer:

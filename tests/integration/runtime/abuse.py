@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -51,9 +52,13 @@ class Watch:
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def __enter__(self) -> Watch:
-        self.start_rss = rss_bytes(self.runtime.process.pid)
+        self.start_rss = self.peak_rss = rss_bytes(self.runtime.process.pid)
+        # connected and answered before the attack starts: a client already being served
+        connection = http.client.HTTPConnection(HOST, self.runtime.http_port, timeout=5)
+        connection.request("POST", "/v2/models/mlp/infer", body=PROBE_BODY)
+        connection.getresponse().read()
         self._threads = [
-            threading.Thread(target=self._probe, daemon=True),
+            threading.Thread(target=self._probe, args=(connection,), daemon=True),
             threading.Thread(target=self._sample, daemon=True),
         ]
         for thread in self._threads:
@@ -65,8 +70,7 @@ class Watch:
         for thread in self._threads:
             thread.join(10)
 
-    def _probe(self) -> None:
-        connection = http.client.HTTPConnection(HOST, self.runtime.http_port, timeout=5)
+    def _probe(self, connection: http.client.HTTPConnection) -> None:
         while not self._stop.wait(0.01):
             started = time.perf_counter()
             try:
@@ -92,11 +96,19 @@ class Watch:
     def p99_ms(self) -> float:
         return float(np.percentile(self.latencies, 99) * 1e3) if self.latencies else float("inf")
 
-    def report(self, attack: str) -> str:
-        line = (
-            f"ABUSE | {attack} | peak RSS {self.peak_rss / 2**20:.0f} MiB "
-            f"(start {self.start_rss / 2**20:.0f} MiB) | probe p99 {self.p99_ms:.1f} ms "
-            f"over {len(self.latencies)} probes | {len(self.failures)} probe failures"
-        )
-        print(line)
-        return line
+    def report(self, attack: str, result: str) -> None:
+        """Print the attack's row; with ``KILN_ABUSE_OUT`` set, also append it (JSON lines)
+        there, for the benchmark report (``bench.run --abuse``)."""
+        row = {
+            "attack": attack,
+            "result": result,
+            "start_rss_mib": round(self.start_rss / 2**20),
+            "peak_rss_mib": round(self.peak_rss / 2**20),
+            "probe_p99_ms": round(self.p99_ms, 1),
+            "probes": len(self.latencies),
+            "probe_failures": len(self.failures),
+        }
+        print("ABUSE", json.dumps(row))
+        if out := os.environ.get("KILN_ABUSE_OUT"):
+            with open(out, "a") as sink:
+                sink.write(json.dumps(row) + "\n")

@@ -12,10 +12,12 @@ import contextlib
 import gzip
 import http.client
 import json
+import os
 import re
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -79,8 +81,8 @@ def read_until_closed(sock: socket.socket, seconds: float) -> bytes:
     return received
 
 
-def assert_survived(watch: Watch, attack: str) -> None:
-    watch.report(attack)
+def assert_survived(watch: Watch, attack: str, result: str) -> None:
+    watch.report(attack, result)
     assert watch.failures == [], watch.failures[:5]
     assert len(watch.latencies) > 20
     assert watch.peak_rss - watch.start_rss < RSS_GROWTH_BUDGET
@@ -155,7 +157,7 @@ def test_deep_json_is_400_and_a_gzip_bomb_is_refused_without_stalling(runtime: R
     with Watch(runtime) as watch:
         deadline = time.monotonic() + ATTACK_SECONDS
         sent = 0
-        while time.monotonic() < deadline and sent < 40:
+        while time.monotonic() < deadline and sent < 2000:
             connection = http.client.HTTPConnection(HOST, runtime.http_port, timeout=10)
             body, headers = (deep, {}) if sent % 2 else (bomb, {"Content-Encoding": "gzip"})
             connection.request("POST", "/v2/models/mlp/infer", body=body, headers=headers)
@@ -164,7 +166,11 @@ def test_deep_json_is_400_and_a_gzip_bomb_is_refused_without_stalling(runtime: R
             assert response.status == 400, error
             assert ("nested too deeply" if sent % 2 else "exceeds") in error
             sent += 1
-    assert_survived(watch, f"gzip bomb (60 KB -> 60 MiB) and 200k-deep JSON, {sent} requests")
+    assert_survived(
+        watch,
+        f"gzip bombs (60 KB -> 60 MiB) alternating with 200k-deep JSON, {sent} requests",
+        "every one 400 (inflation stops at the limit; parsing off the event loop)",
+    )
     assert 'code="invalid"' in runtime.metrics()
 
 
@@ -172,21 +178,33 @@ def test_deep_json_is_400_and_a_gzip_bomb_is_refused_without_stalling(runtime: R
 
 
 def test_a_header_that_never_ends_is_cut_at_the_limit(runtime: Runtime) -> None:
-    """A 131 MB header is refused after the first ~16 KiB: the rest is never read."""
-    with Watch(runtime) as watch, connect(runtime) as sock:
-        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Long: ")
-        sent = 0
-        chunk = b"a" * 65536
-        try:
-            while sent < 131 << 20:
-                sock.sendall(chunk)
-                sent += len(chunk)
-        except OSError:
-            pass  # the server closed: the rest is not wanted
-        received = read_until_closed(sock, 2)
-    assert received.startswith(b"HTTP/1.1 431")
-    assert sent < 16 << 20  # closed long before 131 MB (kernel buffers absorb a few MB)
-    assert_survived(watch, f"131 MB header (server closed after {sent >> 20} MiB sent)")
+    """131 MB headers are refused after the first ~16 KiB: the rest is never read."""
+    largest = 0
+    attempts = 0
+    with Watch(runtime) as watch:
+        deadline = time.monotonic() + ATTACK_SECONDS
+        while time.monotonic() < deadline and attempts < 50:
+            attempts += 1
+            with connect(runtime) as sock:
+                sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Long: ")
+                sent = 0
+                chunk = b"a" * 65536
+                try:
+                    while sent < 131 << 20:
+                        sock.sendall(chunk)
+                        sent += len(chunk)
+                except OSError:
+                    pass  # the server closed: the rest is not wanted
+                received = read_until_closed(sock, 2)
+            assert received.startswith(b"HTTP/1.1 431"), received[:100]
+            largest = max(largest, sent)
+            time.sleep(ATTACK_SECONDS / 50)  # spread over the attack, so the probe sees it
+    assert largest < 16 << 20  # closed long before 131 MB (kernel buffers absorb a few MB)
+    assert_survived(
+        watch,
+        f"131 MB header, {attempts} times",
+        f"431 and closed after at most {largest >> 20} MiB sent (kernel buffers)",
+    )
 
 
 def test_slowloris_is_timed_out_and_the_port_keeps_serving(runtime: Runtime) -> None:
@@ -211,7 +229,13 @@ def test_slowloris_is_timed_out_and_the_port_keeps_serving(runtime: Runtime) -> 
     assert timed_out + refused + evicted == total
     assert timed_out >= MAX_CONNECTIONS - 1  # the probe holds one connection
     assert waited < 4  # the 1 s header timeout cut them all
-    assert_survived(watch, f"slowloris: {total} connections sending headers forever")
+    assert_survived(
+        watch,
+        f"slowloris: {total} connections (cap {MAX_CONNECTIONS} + {HEALTH_CONNECTIONS} health) "
+        "never finishing their headers",
+        f"{timed_out} cut by 408 at the 1 s header timeout, {refused} refused 503, "
+        f"{evicted} evicted for a health probe; health probe answered while full",
+    )
 
 
 def test_a_body_that_never_arrives_and_an_idle_keep_alive_are_closed(runtime: Runtime) -> None:
@@ -230,42 +254,49 @@ def test_a_body_that_never_arrives_and_an_idle_keep_alive_are_closed(runtime: Ru
 
 def test_pipelining_without_reading_is_paused_then_dropped(runtime: Runtime) -> None:
     """Requests pipelined on connections that never read their answers: reading pauses at
-    the high-water mark, memory stays bounded, the connections are dropped at the write
-    timeout, and the probe is served throughout."""
+    the high-water mark, memory stays bounded, the server lets go of every such connection
+    (write timeout, or the timeout of the request left half-sent), the probe is served."""
     request = (
         b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(PROBE_BODY), PROBE_BODY)
     )
-    attackers = [connect(runtime) for _ in range(8)]
-    for sock in attackers:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
     pushed = 0
     with Watch(runtime) as watch:
-        deadline = time.monotonic() + ATTACK_SECONDS
-        while time.monotonic() < deadline and pushed < 200_000:
+        sockets_before = open_sockets(runtime)
+        attackers = [connect(runtime) for _ in range(8)]
+        for sock in attackers:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+        started = time.monotonic()
+        sockets_during = 0
+        while time.monotonic() < started + ATTACK_SECONDS and pushed < 200_000:
             for sock in attackers:
                 with contextlib.suppress(OSError):  # BlockingIOError: the server stopped reading
                     pushed += sock.send(request * 16) // len(request)
+            if not sockets_during and time.monotonic() > started + 0.3:
+                sockets_during = open_sockets(runtime)  # before any timeout could fire
             time.sleep(0.005)
         rss_during = rss_bytes(runtime.process.pid)
         time.sleep(WRITE_TIMEOUT_SECONDS + 0.5)
-    dropped = 0
+        sockets_after = open_sockets(runtime)
     for sock in attackers:
-        sock.setblocking(True)
-        sock.settimeout(2)
-        try:
-            while sock.recv(65536):
-                pass
-            dropped += 1  # closed by the server
-        except ConnectionResetError:
-            dropped += 1  # aborted by the server
-        except TimeoutError:
-            pass  # still open: the write timeout did not fire
         sock.close()
-    assert dropped == len(attackers)
+    assert sockets_during >= sockets_before + len(attackers) - 1  # the attack did hold them
+    assert sockets_after <= sockets_before  # and the server let go of every one
     assert rss_during - watch.start_rss < RSS_GROWTH_BUDGET
-    assert_survived(watch, f"pipelining without reading: 8 connections, {pushed} requests sent")
+    assert_survived(
+        watch,
+        f"pipelining without reading answers: 8 connections, {pushed} requests sent",
+        f"reading paused at the high-water mark; the server closed all 8 within "
+        f"{WRITE_TIMEOUT_SECONDS + 0.5:.1f} s; RSS {(rss_during - watch.start_rss) >> 20} MiB "
+        "above the start at the end of the attack",
+    )
+
+
+def open_sockets(runtime: Runtime) -> int:
+    """Sockets the runtime process holds open (listeners, clients, its metrics server)."""
+    fds = Path(f"/proc/{runtime.process.pid}/fd")
+    return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("socket:"))
 
 
 def test_an_oversized_body_is_413_before_it_is_read(runtime: Runtime) -> None:
