@@ -44,13 +44,11 @@ class BufferBudget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
-        self.peak = 0
 
     def take(self, size: int) -> bool:
         if self.used + size > self.limit:
             return False
         self.used += size
-        self.peak = max(self.peak, self.used)
         return True
 
     def release(self, size: int) -> None:
@@ -67,7 +65,6 @@ class _Shared:
     connections: set[HttpConnection] = field(default_factory=set)
     # connections admitted on the health budget, oldest first (a dict keeps insertion order)
     health_only: dict[HttpConnection, None] = field(default_factory=dict)
-    refused: int = 0
 
     def evict_idle_health_connection(self) -> bool:
         """Close the oldest health-budget connection not answering anything, so that a new
@@ -123,7 +120,6 @@ class HttpConnection(asyncio.Protocol):
             >= self._limits.max_connections + self._limits.health_connections
         )
         if full and not (self._limits.health_connections and shared.evict_idle_health_connection()):
-            shared.refused += 1
             transport.write(_REFUSED)
             transport.close()
             return
@@ -372,7 +368,6 @@ class HttpConnection(asyncio.Protocol):
         buffered = self._transport.get_write_buffer_size()
         budget = self._shared.budget
         budget.used += buffered - self._held_writes
-        budget.peak = max(budget.peak, budget.used)
         self._held_writes = buffered
 
     def _pause_reading(self) -> None:
@@ -407,18 +402,6 @@ class HttpServer:
         limits = limits or adapter.dataplane.config.http
         self._shared = _Shared(adapter, limits, BufferBudget(limits.process_buffer_bytes))
         self._server: asyncio.Server | None = None
-
-    @property
-    def connections(self) -> int:
-        return len(self._shared.connections)
-
-    @property
-    def refused_connections(self) -> int:
-        return self._shared.refused
-
-    @property
-    def budget(self) -> BufferBudget:
-        return self._shared.budget
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
