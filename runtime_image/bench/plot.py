@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 def main(source: Path, target: Path) -> None:
     results = json.loads(source.read_text())
     models = list(results["models"])
-    figure, axes = plt.subplots(2, len(models), figsize=(6 * len(models), 8))
+    figure, axes = plt.subplots(2, len(models), figsize=(6 * len(models), 8), squeeze=False)
     for column, model in enumerate(models):
         servers = results["models"][model]["servers"]
         for label, rows in servers.items():

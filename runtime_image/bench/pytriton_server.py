@@ -1,7 +1,8 @@
 """Serve an example model with Triton through nvidia-pytriton: the benchmark's reference.
 
 This is what a user would deploy without Kiln: Triton's server, its dynamic batcher with the
-same limits as Kiln's, and the model's TorchScript program run by a Python callback.
+same limits as Kiln's, and the model's TorchScript program run by a Python callback; with
+``--int8`` the same dynamically quantized INT8 program Kiln's ``precision: int8`` runs.
 Runs in the benchmark's own virtualenv (pytriton pins numpy 1.x); needs torch importable.
 
     python -m bench.pytriton_server --model-dir DIR --name mlp --http-port P --grpc-port P
@@ -21,6 +22,8 @@ from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
+from bench import int8
+
 DTYPES = {"FP32": np.float32, "INT64": np.int64}
 
 
@@ -33,11 +36,12 @@ def main() -> None:
     parser.add_argument("--grpc-port", type=int, required=True)
     parser.add_argument("--metrics-port", type=int, required=True)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--int8", action="store_true")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     config = json.loads((args.model_dir / "config.json").read_text())
-    module = torch.jit.load(str(args.model_dir / "model.pt")).eval()  # type: ignore[no-untyped-call]
+    module = int8.load(str(args.model_dir / "model.pt"), args.int8)
     input_spec = config["model"]["inputs"][0]
     output_spec = config["model"]["outputs"][0]
     batching = config["batching"]

@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import warnings
 
 import torch
 
+from bench import int8
 from kiln_runtime.examples import example_input
 
 
@@ -39,15 +39,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        module = torch.jit.load(args.model).eval()  # type: ignore[no-untyped-call]
-        if args.int8:
-            from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic_jit
-
-            module = quantize_dynamic_jit(  # type: ignore[no-untyped-call]
-                module, {"": default_dynamic_qconfig}
-            )
+    module = int8.load(args.model, args.int8)
     result = {
         str(rows): seconds_per_batch(module, example_input(args.kind, rows), args.seconds)
         for rows in args.batches

@@ -37,10 +37,12 @@ CLIENT_CORE = 1
 
 # Each model: the variants served, and the raw forward passes that bound them.
 PLAN: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
+    # like for like: each precision served by both, the same program on each side
     "mlp": [
-        ("kiln (int8)", "kiln", {"precision": "int8"}),
         ("kiln (fp32)", "kiln", {}),
         ("triton (fp32)", "triton", {}),
+        ("kiln (int8)", "kiln", {"precision": "int8"}),
+        ("triton (int8)", "triton", {"precision": "int8"}),
     ],
     "transformer": [
         ("kiln (fp32)", "kiln", {}),
@@ -175,6 +177,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--overload-seconds", type=float, default=30.0)
+    parser.add_argument(
+        "--abuse", type=Path,
+        help="JSON lines from the HTTP abuse tests (KILN_ABUSE_OUT), rendered as their table",
+    )  # fmt: skip
+    parser.add_argument(
+        "--models", nargs="+", choices=sorted(PLAN), default=sorted(PLAN),
+        help="a subset for a short check; the report's transformer targets need it",
+    )  # fmt: skip
     args = parser.parse_args()
     os.sched_setaffinity(0, {CLIENT_CORE})  # this process and the clients it starts
 
@@ -188,6 +198,8 @@ def main() -> None:
         logs = Path(scratch) / "logs"  # server logs: only useful while the run lasts
         logs.mkdir()
         for kind, variants in PLAN.items():
+            if kind not in args.models:
+                continue
             model_dir = Path(scratch) / kind
             write_example(kind, model_dir)
             x = example_input(kind, 1).numpy()
@@ -211,7 +223,14 @@ def main() -> None:
                 if kind_of_server == "kiln":
                     context = servers.kiln(model_dir, kind, SERVER_CORE, log, optimization)
                 else:
-                    context = servers.triton(model_dir, kind, SERVER_CORE, log, args.triton_python)
+                    context = servers.triton(
+                        model_dir,
+                        kind,
+                        SERVER_CORE,
+                        log,
+                        args.triton_python,
+                        optimization=optimization,
+                    )
                 with context as server:
                     check_answers(server, kind, x)
                     rows = measure(server, kind, x, args.concurrency, args.seconds)
@@ -238,6 +257,8 @@ def main() -> None:
                 results["overload"] = overload_run(
                     model_dir, capacity, args.overload_seconds, logs / "overload.log"
                 )
+    if args.abuse is not None:
+        results["abuse"] = [json.loads(line) for line in args.abuse.read_text().splitlines()]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "runtime.json").write_text(json.dumps(results, indent=1))
     write_report(results, args.out / "runtime.md")

@@ -107,15 +107,24 @@ def kiln(
 
 
 @contextmanager
-def triton(model_dir: Path, name: str, core: int, log: Path, python: Path) -> Iterator[Server]:
-    """Triton via nvidia-pytriton, run by ``python`` (the benchmark virtualenv's interpreter)."""
+def triton(
+    model_dir: Path,
+    name: str,
+    core: int,
+    log: Path,
+    python: Path,
+    *,
+    optimization: dict[str, Any] | None = None,
+) -> Iterator[Server]:
+    """Triton via nvidia-pytriton, run by ``python`` (the benchmark virtualenv's interpreter);
+    ``{"precision": "int8"}`` serves the program quantized as Kiln quantizes it."""
     ports = free_port(), free_port(), free_port()
     command = [
         "taskset", "-c", str(core), str(python), "-m", "bench.pytriton_server",
         "--model-dir", str(model_dir), "--name", name, "--host", HOST,
         "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
         "--metrics-port", str(ports[2]),
-    ]  # fmt: skip
+    ] + (["--int8"] if (optimization or {}).get("precision") == "int8" else [])  # fmt: skip
     libdir = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
         capture_output=True, text=True, check=True,

@@ -75,6 +75,74 @@ class ConnectionsConfig:
     max_age_grace_seconds: float = 10.0
 
 
+# --- HTTP/1.1 limits (issue 17, HTTP half) -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one HTTP/1.1 client may cost the runtime; each limit is in docs/runtime.md.
+
+    Byte sizes are bytes, times are seconds. The health budget is extra connections, beyond
+    ``max_connections``, that may only ask ``/v2/health/*``: a full port still answers the
+    kubelet's probes.
+    """
+
+    max_connections: int = 1024
+    health_connections: int = 32
+    max_header_bytes: int = 64 << 10
+    header_timeout_seconds: float = 10.0
+    body_timeout_seconds: float = 60.0
+    keep_alive_timeout_seconds: float = 75.0
+    write_timeout_seconds: float = 60.0
+    max_pipelined_requests: int = 16
+    connection_buffer_bytes: int = 4 << 20
+    process_buffer_bytes: int = 1 << 30
+    max_decompressed_bytes: int = 0  # 0: the largest request body the model accepts
+    off_loop_decode_bytes: int = 256 << 10
+
+    def decompressed_limit(self, max_body: int) -> int:
+        return self.max_decompressed_bytes or max_body
+
+
+_HTTP_INTS = {
+    "maxConnections": ("max_connections", 1),
+    "healthConnections": ("health_connections", 0),
+    "maxHeaderBytes": ("max_header_bytes", 1024),
+    "maxPipelinedRequests": ("max_pipelined_requests", 1),
+    "connectionBufferBytes": ("connection_buffer_bytes", 64 << 10),
+    "processBufferBytes": ("process_buffer_bytes", 1 << 20),
+    "maxDecompressedBytes": ("max_decompressed_bytes", 0),
+    "offLoopDecodeBytes": ("off_loop_decode_bytes", 0),
+}
+_HTTP_SECONDS = {
+    "headerTimeoutSeconds": "header_timeout_seconds",
+    "bodyTimeoutSeconds": "body_timeout_seconds",
+    "keepAliveTimeoutSeconds": "keep_alive_timeout_seconds",
+    "writeTimeoutSeconds": "write_timeout_seconds",
+}
+
+
+def _http_limits(value: Any) -> HttpLimits:
+    section = _object(value, "http", set(_HTTP_INTS) | set(_HTTP_SECONDS))
+    fields: dict[str, Any] = {}
+    for key, (name, minimum) in _HTTP_INTS.items():
+        if key in section:
+            fields[name] = _int(section[key], f"http.{key}", minimum)
+    for key, name in _HTTP_SECONDS.items():
+        if key in section:
+            fields[name] = _seconds(section[key], f"http.{key}", 0.001)
+    return HttpLimits(**fields)
+
+
+def _http_document(limits: HttpLimits) -> dict[str, Any]:
+    document: dict[str, Any] = {k: getattr(limits, n) for k, (n, _) in _HTTP_INTS.items()}
+    document.update({k: getattr(limits, n) for k, n in _HTTP_SECONDS.items()})
+    return document
+
+
+# --- end of HTTP/1.1 limits --------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     model: ModelSpec
@@ -83,6 +151,7 @@ class RuntimeConfig:
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     drain: DrainConfig = field(default_factory=DrainConfig)
     connections: ConnectionsConfig = field(default_factory=ConnectionsConfig)
+    http: HttpLimits = field(default_factory=HttpLimits)
 
     def max_request_bytes(self) -> int:
         """The largest request body accepted: the biggest batch as JSON text, with headroom.
@@ -107,7 +176,7 @@ class RuntimeConfig:
         return tuple(sizes) if sizes else (1,)
 
 
-SECTIONS = {"model", "optimization", "batching", "warmup", "drain", "connections"}
+SECTIONS = {"model", "optimization", "batching", "warmup", "drain", "connections", "http"}
 log = logging.getLogger(__name__)
 
 
@@ -244,7 +313,7 @@ def parse_config(document: Any, model_name: str | None = None) -> RuntimeConfig:
 
     return RuntimeConfig(
         model=spec, optimization=optimization, batching=batching, warmup=warmup, drain=drain,
-        connections=connections,
+        connections=connections, http=_http_limits(root.get("http", {})),
     )  # fmt: skip
 
 
@@ -294,4 +363,5 @@ def to_document(config: RuntimeConfig) -> dict[str, Any]:
             "maxAgeSeconds": config.connections.max_age_seconds,
             "maxAgeGraceSeconds": config.connections.max_age_grace_seconds,
         },
+        "http": _http_document(config.http),
     }

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -54,6 +54,10 @@ class DataPlane:
         self.metrics = metrics
         self._model: Model | None = None
         self._executor = executor
+        # Large bodies are parsed here, never in the model's thread (it must stay free for
+        # batches) nor on the event loop (it must stay free for every other client).
+        self._decode_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kiln-decode")
+        self._last_inference_ms = 0
         self._spec = config.model
         self._inputs = {spec.name: spec for spec in self._spec.inputs}
         self._outputs = {spec.name: spec for spec in self._spec.outputs}
@@ -143,6 +147,7 @@ class DataPlane:
 
     async def stop(self) -> None:
         await self._batcher.stop()
+        self._decode_executor.shutdown(wait=False, cancel_futures=True)
 
     # ---------------------------------------------------------------- accounting
 
@@ -156,7 +161,9 @@ class DataPlane:
         if self._inflight == 0:
             self._idle.set()
         self.metrics.requests[(protocol, code)].inc()
-        self.metrics.request_duration[protocol].observe(seconds)
+        self.metrics.request_duration[(protocol, code)].observe(seconds)
+        if code == errors.OK_METRIC_CODE:
+            self._last_inference_ms = int(time.time() * 1000)
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         self.metrics.stage[stage].observe(seconds)
@@ -166,15 +173,33 @@ class DataPlane:
         protocol: str,
         decode: Callable[[], InferRequest],
         encode: Callable[[InferResponse], T],
+        *,
+        decode_off_loop: bool = False,
     ) -> T:
         """One infer request as both protocols serve it: decode, infer, encode, each stage
-        timed, the request counted under its outcome. An ``InferError`` is counted under its
-        code and raised again for the adapter to answer in its protocol's terms."""
+        timed, the request counted under exactly one outcome code.
+
+        An ``InferError`` is counted under its code and raised again for the adapter to answer
+        in its protocol's terms. Any other exception is a bug: it is logged, counted
+        ``internal`` and raised as an INTERNAL ``InferError``, so both protocols answer it
+        alike. Cancellation (the client went away, or the adapter gave up at the call's
+        deadline) is counted ``deadline`` if the request's deadline had passed, else
+        ``cancelled``, and propagates. ``decode_off_loop`` decodes in a worker thread (large
+        bodies: parsing must not stall the event loop and the health probes it serves).
+        """
         started = time.perf_counter()
         code = errors.OK_METRIC_CODE
+        deadline: float | None = None
         self.request_started()
         try:
-            request = decode()
+            if decode_off_loop:
+                request = await asyncio.get_running_loop().run_in_executor(
+                    self._decode_executor, decode
+                )
+            else:
+                request = decode()
+            if request.timeout_seconds is not None:
+                deadline = started + request.timeout_seconds
             decoded = time.perf_counter()
             self.observe_stage("decode", decoded - started)
             response = await self.infer(request)
@@ -185,6 +210,16 @@ class DataPlane:
         except errors.InferError as error:
             code = error.kind.mapping.metric_code
             raise
+        except asyncio.CancelledError:
+            late = deadline is not None and time.perf_counter() >= deadline
+            code = "deadline" if late else errors.CANCELLED_METRIC_CODE
+            raise
+        except Exception as error:
+            code = errors.ErrorKind.INTERNAL.mapping.metric_code
+            log.exception("internal error answering a %s infer request", protocol)
+            raise errors.InferError(
+                errors.ErrorKind.INTERNAL, "internal error; see server log"
+            ) from error
         finally:
             self.request_finished(protocol, code, time.perf_counter() - started)
 
@@ -237,6 +272,47 @@ class DataPlane:
                 "max_queue_delay_microseconds": batching.max_queue_delay_microseconds,
                 "default_queue_policy": {"max_queue_size": batching.max_queue_size},
             },
+        }
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's statistics extension for this model, from the metrics the runtime keeps.
+
+        The shape of one ``model_stats`` entry of ``/v2/models/{m}/stats`` (and of gRPC
+        ``ModelStatistics``): durations in nanoseconds, ``inference_count`` in rows,
+        ``execution_count`` in batches. ``success`` and ``fail`` count requests by their
+        outcome code; ``queue`` and the compute stages are per request and per batch.
+        """
+        if name:
+            self.check_model(name, version)
+        m = self.metrics
+
+        def duration(count: int, seconds: float) -> dict[str, int]:
+            return {"count": count, "ns": int(seconds * 1e9)}
+
+        def requests(ok: bool) -> dict[str, int]:
+            series = [h for (_, code), h in m.request_duration.items() if (code == "ok") == ok]
+            return duration(sum(h.count for h in series), sum(h.sum for h in series))
+
+        def stage(name: str) -> dict[str, int]:
+            return duration(m.stage[name].count, m.stage[name].sum)
+
+        return {
+            "name": self._spec.name,
+            "version": self._spec.version,
+            "last_inference": self._last_inference_ms,
+            "inference_count": int(m.batch_size.sum),
+            "execution_count": m.batch_size.count,
+            "inference_stats": {
+                "success": requests(ok=True),
+                "fail": requests(ok=False),
+                "queue": duration(m.queue_wait_seconds.count, m.queue_wait_seconds.sum),
+                "compute_input": stage("preprocess"),
+                "compute_infer": stage("forward"),
+                "compute_output": stage("postprocess"),
+                "cache_hit": duration(0, 0.0),
+                "cache_miss": duration(0, 0.0),
+            },
+            "batch_stats": [],
         }
 
     # ---------------------------------------------------------------- inference

@@ -19,11 +19,11 @@ class ErrorMapping:
 
 class ErrorKind(enum.Enum):
     INVALID = ErrorMapping(400, "INVALID_ARGUMENT", "invalid")
-    NOT_FOUND = ErrorMapping(404, "NOT_FOUND", "not_found")
-    REJECTED = ErrorMapping(429, "RESOURCE_EXHAUSTED", "rejected")
-    UNAVAILABLE = ErrorMapping(503, "UNAVAILABLE", "rejected")
+    NOT_FOUND = ErrorMapping(404, "NOT_FOUND", "invalid")  # a client error, like INVALID
+    REJECTED = ErrorMapping(429, "RESOURCE_EXHAUSTED", "overloaded")
+    UNAVAILABLE = ErrorMapping(503, "UNAVAILABLE", "overloaded")
     DEADLINE = ErrorMapping(504, "DEADLINE_EXCEEDED", "deadline")
-    INTERNAL = ErrorMapping(500, "INTERNAL", "error")
+    INTERNAL = ErrorMapping(500, "INTERNAL", "internal")
 
     @property
     def mapping(self) -> ErrorMapping:
@@ -32,6 +32,10 @@ class ErrorKind(enum.Enum):
 
 
 OK_METRIC_CODE = "ok"
+# The client went away (closed its connection, reset its stream) before the answer was sent.
+CANCELLED_METRIC_CODE = "cancelled"
+# Every ``code`` label value, in the order the docs list them; each request ends in one.
+METRIC_CODES = ("ok", "invalid", "overloaded", "deadline", "cancelled", "internal")
 
 
 class InferError(Exception):

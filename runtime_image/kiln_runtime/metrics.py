@@ -22,6 +22,8 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from kiln_runtime.errors import METRIC_CODES
+
 # Latency buckets from 50 us to 10 s: fine enough below a millisecond for the fast models,
 # wide enough for a large model's tail.
 LATENCY_BUCKETS = (
@@ -31,7 +33,6 @@ LATENCY_BUCKETS = (
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256)
 STAGES = ("decode", "preprocess", "forward", "postprocess", "encode")
 PROTOCOLS = ("http", "grpc")
-CODES = ("ok", "invalid", "not_found", "rejected", "deadline", "error")
 
 
 class FastHistogram:
@@ -118,8 +119,8 @@ class RuntimeMetrics:
         request_duration = _HistogramFamily(
             "kiln_request_duration_seconds",
             "End-to-end request latency inside the runtime, from the first byte decoded to "
-            "the last byte encoded.",
-            ["model", "protocol"],
+            "the last byte encoded, by outcome (the same codes as kiln_requests_total).",
+            ["model", "protocol", "code"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -137,8 +138,12 @@ class RuntimeMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.request_duration = {p: request_duration.labels(model, p) for p in PROTOCOLS}
-        self.requests = {(p, c): requests.labels(model, p, c) for p in PROTOCOLS for c in CODES}
+        self.request_duration = {
+            (p, c): request_duration.labels(model, p, c) for p in PROTOCOLS for c in METRIC_CODES
+        }
+        self.requests = {
+            (p, c): requests.labels(model, p, c) for p in PROTOCOLS for c in METRIC_CODES
+        }
         self.stage = {s: stage.labels(model, s) for s in STAGES}
         self.queue_wait_seconds = _HistogramFamily(
             "kiln_queue_wait_seconds",

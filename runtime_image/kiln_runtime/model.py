@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +22,7 @@ import torch
 from kiln_runtime.config import ConfigError, RuntimeConfig, TensorSpec
 from kiln_runtime.datatypes import numpy_carrier
 from kiln_runtime.execution_plan import ExecutionPlan, padded_rows, plan_execution
+from kiln_runtime.staging import StagingPool
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class ModelRunner:
             module = self._load_torch(path)
             self._module = module
             self._call = self._torch_call
-        self._pinned: dict[tuple[int, int], torch.Tensor] = {}
+        self._staging: StagingPool[torch.Tensor] = StagingPool(_pinned_buffer)
         self._graphs: _CudaGraphs | None = None
         if self.plan.cuda_graphs:
             self._graphs = _CudaGraphs(self._module, config.model.inputs, self._device)
@@ -189,23 +190,24 @@ class ModelRunner:
             padding = tensor.new_zeros((run_rows - rows, *tensor.shape[1:]))
             tensor = torch.cat((tensor, padding))
         if self.plan.pinned_memory:
-            tensor = self._stage_pinned(tensor)
-        if not self._on_cpu:  # from numpy (or the pinned staging buffer): on the CPU
+            tensor = self._upload_pinned(tensor)
+        elif not self._on_cpu:  # from numpy: on the CPU
             tensor = tensor.to(self._device, non_blocking=True)
         if self._compute_dtype is not None and tensor.is_floating_point():
             tensor = tensor.to(self._compute_dtype)
         return tensor
 
-    def _stage_pinned(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Copy into a reused page-locked host buffer so the upload is asynchronous DMA."""
-        key = (id(tensor.dtype), tensor.numel())
-        buffer = self._pinned.get(key)
-        if buffer is None:
-            buffer = torch.empty(tensor.numel(), dtype=tensor.dtype, pin_memory=True)
-            self._pinned[key] = buffer
-        staged = buffer.view(tensor.shape)
+    def _upload_pinned(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Upload through a page-locked buffer (asynchronous DMA); the buffer goes back to the
+        pool with the copy's event, so no later batch overwrites it while the copy reads it."""
+        slot = self._staging.acquire((tensor.dtype, tensor.numel()))
+        staged = slot.buffer.view(tensor.shape)
         staged.copy_(tensor)
-        return staged
+        uploaded = staged.to(self._device, non_blocking=True)
+        copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        copied.record()
+        self._staging.release(slot, copied)
+        return uploaded
 
     def _to_numpy(self, raw: Any, rows: int) -> Arrays:
         specs = self.config.model.outputs
@@ -249,6 +251,11 @@ def _tensor_to_numpy(tensor: torch.Tensor, spec: TensorSpec) -> npt.NDArray[Any]
     if spec.datatype == "BF16":
         return tensor.view(torch.int16).numpy().view(np.uint16)
     return tensor.numpy()
+
+
+def _pinned_buffer(key: Hashable) -> torch.Tensor:
+    dtype, numel = cast(tuple[torch.dtype, int], key)
+    return torch.empty(numel, dtype=dtype, pin_memory=True)
 
 
 class _CudaGraphs:

@@ -1,8 +1,13 @@
-"""A lean HTTP/1.1 server: asyncio protocol + httptools parser, nothing per request but parsing.
+"""A lean HTTP/1.1 server: asyncio protocol + httptools parser, bounded against careless clients.
 
 Frameworks spend more per request than a small model's forward pass; this server parses with
-httptools (C), keeps connections alive, answers pipelined requests in order, refuses a body
-larger than the limit before reading it, and hands each request to ``RestAdapter.handle``.
+httptools (C), keeps connections alive, answers pipelined requests in order and hands each
+request to ``RestAdapter.handle``. Every input is bounded (``config.HttpLimits``, documented in
+docs/runtime.md): connections per port (with a budget kept for health probes), header bytes
+counted as they arrive, header/body/keep-alive/write timeouts, and the bytes one connection and
+the whole process may hold in buffered requests and responses. A client that stops reading its
+answers is not read either: writing pauses the connection (``pause_writing``), and so does a
+pipeline deeper than the limit.
 """
 
 from __future__ import annotations
@@ -14,15 +19,61 @@ from dataclasses import dataclass, field
 
 import httptools
 
+from kiln_runtime.config import HttpLimits
 from kiln_runtime.protocol.rest import HttpResponse, RestAdapter, json_response
 
 log = logging.getLogger(__name__)
 
 _REASONS = {
     100: b"Continue", 200: b"OK", 400: b"Bad Request", 404: b"Not Found",
-    405: b"Method Not Allowed", 429: b"Too Many Requests", 500: b"Internal Server Error",
-    503: b"Service Unavailable", 504: b"Gateway Timeout",
+    405: b"Method Not Allowed", 408: b"Request Timeout", 413: b"Content Too Large",
+    429: b"Too Many Requests", 431: b"Request Header Fields Too Large",
+    500: b"Internal Server Error", 503: b"Service Unavailable", 504: b"Gateway Timeout",
 }  # fmt: skip
+HEALTH_PREFIX = b"/v2/health/"
+_REFUSED_BODY = b'{"error":"too many connections; retry shortly"}'
+_REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_REFUSED_BODY), _REFUSED_BODY)
+)
+
+
+class BufferBudget:
+    """Bytes of buffered requests and responses held by every connection of one process."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, size: int) -> bool:
+        if self.used + size > self.limit:
+            return False
+        self.used += size
+        return True
+
+    def release(self, size: int) -> None:
+        self.used -= size
+
+
+@dataclass
+class _Shared:
+    """What the connections of one listener share."""
+
+    adapter: RestAdapter
+    limits: HttpLimits
+    budget: BufferBudget
+    connections: set[HttpConnection] = field(default_factory=set)
+    # connections admitted on the health budget, oldest first (a dict keeps insertion order)
+    health_only: dict[HttpConnection, None] = field(default_factory=dict)
+
+    def evict_idle_health_connection(self) -> bool:
+        """Close the oldest health-budget connection not answering anything, so that a new
+        probe is served even when idle or slow clients hold every connection."""
+        for connection in self.health_only:
+            if connection.idle:
+                connection.evict()
+                return True
+        return False
 
 
 @dataclass
@@ -36,40 +87,125 @@ class _Request:
 
 
 class HttpConnection(asyncio.Protocol):
-    def __init__(self, adapter: RestAdapter, connections: set[HttpConnection]) -> None:
-        self._adapter = adapter
-        self._connections = connections
+    def __init__(self, shared: _Shared) -> None:
+        self._shared = shared
+        self._limits = shared.limits
+        self._adapter = shared.adapter
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._current = _Request()
         self._pending: collections.deque[_Request] = collections.deque()
         self._worker: asyncio.Task[None] | None = None
-        self._refusing = False  # an oversized body is being discarded; the connection closes
+        self._refusing = False  # a request was refused; the rest of the bytes are discarded
+        self._health_only = False  # admitted on the health budget: health probes only
+        self._in_headers = False
+        self._in_body = False
+        self._header_bytes = 0
+        self._held = 0  # request bytes this connection holds against the process budget
+        self._held_writes = 0  # response bytes in the transport's buffer, as last measured
+        self._read_paused = False
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._eof = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
 
     # asyncio.Protocol ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        shared = self._shared
+        full = (
+            len(shared.connections)
+            >= self._limits.max_connections + self._limits.health_connections
+        )
+        if full and not (self._limits.health_connections and shared.evict_idle_health_connection()):
+            transport.write(_REFUSED)
+            transport.close()
+            return
+        self._health_only = len(shared.connections) >= self._limits.max_connections
+        if self._health_only:
+            shared.health_only[self] = None
         self._transport = transport
-        self._connections.add(self)
+        shared.connections.add(self)
+        high = max(self._limits.connection_buffer_bytes // 2, 1)
+        transport.set_write_buffer_limits(high=high, low=high // 4)
+        self._arm(self._limits.header_timeout_seconds, "request headers")
+
+    @property
+    def idle(self) -> bool:
+        """No request is being answered or waits to be (the client may be mid-headers)."""
+        return self._worker is None and not self._pending
+
+    def evict(self) -> None:
+        self._shared.connections.discard(self)
+        self._shared.health_only.pop(self, None)
+        if self._transport is not None:
+            self._transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._connections.discard(self)
+        self._shared.connections.discard(self)
+        self._shared.health_only.pop(self, None)
         self._transport = None
+        self._cancel_timers()
+        self._writable.set()
+        if self._worker is not None:
+            self._worker.cancel()  # nobody will read the answer: counted as cancelled
+        for request in self._pending:
+            self._release(request.size)
+        self._pending.clear()
+        self._release(self._current.size)
+        self._current = _Request()
+        self._shared.budget.release(self._held_writes)
+        self._held_writes = 0
+
+    def eof_received(self) -> bool:
+        """A half-closed client still gets the answers it asked for; then the connection ends."""
+        self._eof = True
+        return self._worker is not None or bool(self._pending)
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+        self._pause_reading()
+        self._write_timer = asyncio.get_running_loop().call_later(
+            self._limits.write_timeout_seconds, self._write_timed_out
+        )
+
+    def resume_writing(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        self._measure_writes()
+        self._writable.set()
+        self._maybe_resume_reading()
 
     def data_received(self, data: bytes) -> None:
+        if self._refusing:
+            return
+        if not self._in_body:
+            self._header_bytes += len(data)  # an upper bound: the chunk may end in a body
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(400, "protocol upgrades are not supported")
+        except httptools.HttpParserUpgrade as upgrade:
+            # RFC 9110 §7.8: a server may ignore Upgrade (h2c); the request was complete, and
+            # the bytes after it are the next HTTP/1.1 request.
+            self._parser = httptools.HttpRequestParser(self)
+            offset = upgrade.args[0] if upgrade.args else len(data)
+            if isinstance(offset, int) and offset < len(data):
+                self.data_received(data[offset:])
         except httptools.HttpParserError as error:
             if not self._refusing:
                 self._fail(400, f"malformed HTTP request: {error}")
+            return
+        if self._in_headers and self._header_bytes > self._limits.max_header_bytes:
+            self._fail(431, f"request headers exceed {self._limits.max_header_bytes} bytes")
 
     # httptools callbacks ---------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         self._current = _Request()
+        self._in_headers = True
+        self._arm(self._limits.header_timeout_seconds, "request headers")
 
     def on_url(self, url: bytes) -> None:
         self._current.url += url
@@ -78,14 +214,21 @@ class HttpConnection(asyncio.Protocol):
         self._current.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        self._in_headers = False
+        self._in_body = True
+        self._header_bytes = 0
         request = self._current
         request.method = self._parser.get_method().decode("ascii", "replace")
         request.keep_alive = self._parser.should_keep_alive()
+        if self._health_only and not request.url.startswith(HEALTH_PREFIX):
+            self._fail(503, "the server is at its connection limit; only health probes served")
+            return
         length = request.headers.get("content-length", "0")
         limit = self._adapter.max_body
         if length.isdigit() and int(length) > limit:
-            self._fail(400, f"request body of {length} bytes exceeds the limit of {limit} bytes")
+            self._fail(413, f"request body of {length} bytes exceeds the limit of {limit} bytes")
             return
+        self._arm(self._limits.body_timeout_seconds, "request body")
         if request.headers.get("expect", "").lower() == "100-continue" and self._transport:
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -93,16 +236,28 @@ class HttpConnection(asyncio.Protocol):
         if self._refusing:
             return
         request = self._current
-        request.size += len(body)
-        if request.size > self._adapter.max_body:
-            self._fail(400, f"request body exceeds the limit of {self._adapter.max_body} bytes")
+        if request.size + len(body) > self._adapter.max_body:
+            self._fail(413, f"request body exceeds the limit of {self._adapter.max_body} bytes")
             return
+        if not self._shared.budget.take(len(body)):
+            self._fail(503, "the server's request buffers are full; retry shortly")
+            return
+        request.size += len(body)
+        self._held += len(body)
         request.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        self._in_body = False
         if self._refusing:
             return
+        self._cancel_timer()
         self._pending.append(self._current)
+        self._current = _Request()
+        if (
+            len(self._pending) >= self._limits.max_pipelined_requests
+            or self._held + self._held_writes > self._limits.connection_buffer_bytes
+        ):
+            self._pause_reading()
         if self._worker is None:
             self._worker = asyncio.get_running_loop().create_task(self._serve_pending())
 
@@ -111,8 +266,12 @@ class HttpConnection(asyncio.Protocol):
     async def _serve_pending(self) -> None:
         try:
             while self._pending and self._transport is not None:
+                await self._writable.wait()  # the client reads its answers, or none are made
+                if self._transport is None:
+                    return
                 request = self._pending.popleft()
                 body = request.chunks[0] if len(request.chunks) == 1 else b"".join(request.chunks)
+                request.chunks.clear()
                 try:
                     response = await self._adapter.handle(
                         request.method, request.url.decode("latin-1"), request.headers, body
@@ -120,11 +279,21 @@ class HttpConnection(asyncio.Protocol):
                 except Exception:
                     log.exception("unhandled error answering %s %r", request.method, request.url)
                     response = json_response(500, {"error": "internal error; see server log"})
-                self._write(response, request.keep_alive)
-                if not request.keep_alive and self._transport is not None:
+                finally:
+                    self._release(request.size)
+                del body
+                keep_alive = request.keep_alive and not self._health_only
+                self._write(response, keep_alive)
+                if not keep_alive and self._transport is not None:
                     self._transport.close()
+                self._maybe_resume_reading()
         finally:
             self._worker = None
+        if self._transport is not None:
+            if self._eof:
+                self._transport.close()
+            elif not self._in_headers and not self._in_body:
+                self._arm(self._limits.keep_alive_timeout_seconds, "")
 
     def _write(self, response: HttpResponse, keep_alive: bool) -> None:
         if self._transport is None:
@@ -140,10 +309,12 @@ class HttpConnection(asyncio.Protocol):
             head.append(b"Connection: close\r\n")
         head.append(b"\r\n")
         self._transport.writelines([b"".join(head), *response.body])
+        self._measure_writes()
 
     def _fail(self, status: int, message: str) -> None:
         """Answer at once and close: the rest of this connection's bytes cannot be trusted."""
         self._refusing = True
+        self._cancel_timer()
         self._write(json_response(status, {"error": message}), keep_alive=False)
         if self._transport is not None:
             self._transport.close()
@@ -152,19 +323,90 @@ class HttpConnection(asyncio.Protocol):
         if self._transport is not None and self._worker is None:
             self._transport.close()
 
+    # limits ----------------------------------------------------------------------------------
+
+    def _arm(self, seconds: float, waiting_for: str) -> None:
+        """(Re)start the one read timer: ``waiting_for`` names what did not arrive in time;
+        empty for the keep-alive wait between requests, which ends quietly."""
+        self._cancel_timer()
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._timed_out, waiting_for)
+
+    def _timed_out(self, waiting_for: str) -> None:
+        self._timer = None
+        if self._transport is None:
+            return
+        if waiting_for and (self._in_headers or self._in_body):
+            self._fail(408, f"{waiting_for} not received in time")
+        elif self._worker is None and not self._pending:
+            self._transport.close()
+
+    def _write_timed_out(self) -> None:
+        """The client read nothing for the write timeout: drop it and what it holds."""
+        self._write_timer = None
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _cancel_timers(self) -> None:
+        self._cancel_timer()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _release(self, size: int) -> None:
+        self._held -= size
+        self._shared.budget.release(size)
+
+    def _measure_writes(self) -> None:
+        """Charge the process budget with what the transport still holds of our answers."""
+        if self._transport is None:
+            return
+        buffered = self._transport.get_write_buffer_size()
+        budget = self._shared.budget
+        budget.used += buffered - self._held_writes
+        self._held_writes = buffered
+
+    def _pause_reading(self) -> None:
+        """Stop reading; a request half-read meanwhile is not the client's delay, so its
+        timer stops too (the write timeout bounds a client that does not read)."""
+        if not self._read_paused and self._transport is not None:
+            self._read_paused = True
+            self._transport.pause_reading()
+            if self._in_headers or self._in_body:
+                self._cancel_timer()
+
+    def _maybe_resume_reading(self) -> None:
+        if (
+            self._read_paused
+            and self._transport is not None
+            and self._writable.is_set()
+            and len(self._pending) < self._limits.max_pipelined_requests
+            and self._held + self._held_writes <= self._limits.connection_buffer_bytes
+        ):
+            self._read_paused = False
+            self._transport.resume_reading()
+            if self._in_headers:
+                self._arm(self._limits.header_timeout_seconds, "request headers")
+            elif self._in_body:
+                self._arm(self._limits.body_timeout_seconds, "request body")
+
 
 class HttpServer:
-    """Owns the listening socket and the open connections."""
+    """Owns the listening socket, the open connections and their shared buffer budget."""
 
-    def __init__(self, adapter: RestAdapter) -> None:
-        self._adapter = adapter
-        self._connections: set[HttpConnection] = set()
+    def __init__(self, adapter: RestAdapter, limits: HttpLimits | None = None) -> None:
+        limits = limits or adapter.dataplane.config.http
+        self._shared = _Shared(adapter, limits, BufferBudget(limits.process_buffer_bytes))
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: HttpConnection(self._adapter, self._connections), host, port, backlog=1024
+            lambda: HttpConnection(self._shared), host, port, backlog=1024
         )
         return int(self._server.sockets[0].getsockname()[1])
 
@@ -172,6 +414,6 @@ class HttpServer:
         """Stop listening and close idle connections (the caller drained in-flight work)."""
         if self._server is not None:
             self._server.close()
-            for connection in list(self._connections):
+            for connection in list(self._shared.connections):
                 connection.close()
             await self._server.wait_closed()

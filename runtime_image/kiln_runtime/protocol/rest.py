@@ -27,8 +27,22 @@ from kiln_runtime.protocol.types import (
 )
 
 HEADER_LENGTH = "inference-header-content-length"
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics_unavailable"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
 JSON = b"application/json"
+# Triton extensions this runtime does not implement, by the path segment naming them: a
+# client probing for one gets 404 naming it, not a 405 that reads like a wrong method.
+UNSUPPORTED_EXTENSIONS = {
+    "repository": "model repository",
+    "systemsharedmemory": "system shared memory",
+    "cudasharedmemory": "CUDA shared memory",
+    "trace": "trace",
+    "logging": "logging",
+}
+UNSUPPORTED_MODEL_EXTENSIONS = {
+    "trace": "trace",
+    "generate": "generate",
+    "generate_stream": "generate",
+}
 
 
 @dataclass
@@ -57,6 +71,9 @@ class RestAdapter:
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
         self.max_body = dataplane.config.max_request_bytes()
+        limits = dataplane.config.http
+        self.max_decompressed = limits.decompressed_limit(self.max_body)
+        self.off_loop_bytes = limits.off_loop_decode_bytes
 
     async def handle(
         self, method: str, path: str, headers: dict[str, str], body: bytes
@@ -67,6 +84,10 @@ class RestAdapter:
         rest = parts[1:]
         if method == "POST" and len(rest) >= 3 and rest[0] == "models" and rest[-1] == "infer":
             return await self._infer(rest[1:-1], headers, body)
+        if unsupported := _unsupported_extension(rest):
+            return json_response(
+                404, {"error": f"the {unsupported} extension is not supported ({path})"}
+            )
         if method != "GET":
             return json_response(405, {"error": f"{method} is not allowed on {path}"})
         dp = self.dataplane
@@ -75,18 +96,23 @@ class RestAdapter:
                 return json_response(
                     200, {"name": "kiln", "version": __version__, "extensions": EXTENSIONS}
                 )
-            if rest == ["health", "live"]:
-                return empty(200 if dp.live else 503)
+            if rest == ["health", "live"]:  # Triton's codes, KServe's bodies
+                return json_response(200 if dp.live else 503, {"live": dp.live})
             if rest == ["health", "ready"]:
-                return empty(200 if dp.ready else 503)
+                return json_response(200 if dp.ready else 503, {"ready": dp.ready})
+            if rest == ["models", "stats"]:
+                return json_response(200, {"model_stats": [dp.statistics()]})
             if len(rest) >= 2 and rest[0] == "models":
                 name, version, tail = _model_path(rest[1:])
                 if tail == []:
                     return json_response(200, dp.model_metadata(name, version))
                 if tail == ["ready"]:
-                    return empty(200 if dp.model_ready(name, version) else 503)
+                    ready = dp.model_ready(name, version)
+                    return json_response(200 if ready else 503, {"name": name, "ready": ready})
                 if tail == ["config"]:
                     return json_response(200, dp.model_config(name, version))
+                if tail == ["stats"]:
+                    return json_response(200, {"model_stats": [dp.statistics(name, version)]})
         except errors.InferError as error:
             return error_response(error)
         return json_response(404, {"error": f"no route for {path}"})
@@ -98,12 +124,27 @@ class RestAdapter:
             name, version, tail = _model_path(model_parts)
             if tail:
                 raise errors.not_found(f"no route for model path {'/'.join(model_parts)}")
-            return decode_infer(name, version, headers, body, self.max_body)
+            return decode_infer(name, version, headers, body, self.max_decompressed)
 
+        # Inflating and parsing a large or compressed body takes long enough to delay every
+        # other client (and the health probes): it runs in a worker thread.
+        off_loop = len(body) >= self.off_loop_bytes or "content-encoding" in headers
         try:
-            return await self.dataplane.handle("http", decode, encode_infer)
+            return await self.dataplane.handle(
+                "http", decode, encode_infer, decode_off_loop=off_loop
+            )
         except errors.InferError as error:
             return error_response(error)
+
+
+def _unsupported_extension(rest: list[str]) -> str | None:
+    if rest and rest[0] in UNSUPPORTED_EXTENSIONS:
+        return UNSUPPORTED_EXTENSIONS[rest[0]]
+    if len(rest) >= 3 and rest[0] == "models":
+        return UNSUPPORTED_MODEL_EXTENSIONS.get(rest[-1]) or (
+            UNSUPPORTED_MODEL_EXTENSIONS.get(rest[-2]) if len(rest) >= 4 else None
+        )
+    return None
 
 
 def _model_path(parts: list[str]) -> tuple[str, str, list[str]]:
@@ -135,9 +176,14 @@ def decode_infer(
         view = memoryview(body)
         json_part, binary = view[:length], view[length:]
     try:
-        document = json.loads(bytes(json_part) if isinstance(json_part, memoryview) else json_part)
+        document = json.loads(
+            bytes(json_part) if isinstance(json_part, memoryview) else json_part,
+            parse_constant=_refuse_constant,
+        )
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise errors.invalid(f"request body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise errors.invalid("request body is not valid JSON: nested too deeply") from None
     if not isinstance(document, dict):
         raise errors.invalid("request body must be a JSON object")
     try:
@@ -202,6 +248,11 @@ def _request_from_document(
     )
 
 
+def _refuse_constant(name: str) -> Any:
+    """JSON has no NaN or Infinity: refused as Triton's parser refuses them."""
+    raise errors.invalid(f"request body is not valid JSON: {name} is not a JSON number")
+
+
 def _decompress(body: bytes, encoding: str, max_body: int) -> bytes:
     windows = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
     if encoding not in windows:
@@ -239,7 +290,13 @@ def encode_infer(response: InferResponse) -> HttpResponse:
     }
     if response.id:
         document["id"] = response.id
-    header = json.dumps(document, separators=(",", ":")).encode()
+    try:
+        header = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:
+        raise errors.invalid(
+            "an output holds NaN or Infinity, which JSON cannot carry; "
+            "ask for it as binary data (binary_data_output)"
+        ) from None
     if not buffers:
         return HttpResponse(200, [header])
     return HttpResponse(

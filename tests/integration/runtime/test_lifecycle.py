@@ -88,7 +88,7 @@ def test_a_full_queue_refuses_with_429_and_resource_exhausted_then_recovers(
             outcomes = list(pool.map(grpc_one, range(24)))
         assert "StatusCode.RESOURCE_EXHAUSTED" in outcomes and "ok" in outcomes
         assert transformer_infer(runtime.http_url) == "ok"
-        assert 'code="rejected"' in runtime.metrics()
+        assert 'code="overloaded"' in runtime.metrics()
 
 
 def test_ready_stays_false_until_warm_up_is_done(tmp_path: Path) -> None:

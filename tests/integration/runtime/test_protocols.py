@@ -157,7 +157,7 @@ def test_oversized_payloads_are_refused_before_they_are_read(runtime: Runtime) -
     connection.putheader("Content-Length", str(64 << 20))
     connection.endheaders()
     response = connection.getresponse()
-    assert response.status == 400
+    assert response.status == 413
     assert "exceeds the limit" in json.loads(response.read())["error"]
     with pytest.raises(InferenceServerException) as failure:
         grpc_infer(runtime, "INPUT__0", "FP32", batch(300))
@@ -181,7 +181,7 @@ def test_metrics_carry_the_contract_names(runtime: Runtime) -> None:
     http_infer(runtime, "INPUT__0", "FP32", batch(2))
     text = runtime.metrics()
     for needle in (
-        'kiln_request_duration_seconds_bucket{le="0.001",model="mlp",protocol="http"}',
+        'kiln_request_duration_seconds_bucket{code="ok",le="0.001",model="mlp",protocol="http"}',
         'kiln_requests_total{code="ok",model="mlp",protocol="http"}',
         'kiln_queue_depth{model="mlp"}',
         'kiln_inflight_requests{model="mlp"}',

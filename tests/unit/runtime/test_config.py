@@ -31,6 +31,12 @@ def test_the_contract_example_parses_with_every_field() -> None:
         "warmup": {"batchSizes": [1, 8, 32]},
         "drain": {"timeoutSeconds": 30},
         "connections": {"maxAgeSeconds": 30, "maxAgeGraceSeconds": 10},
+        "http": {"maxConnections": 100, "healthConnections": 4, "maxHeaderBytes": 8192,
+                 "maxPipelinedRequests": 4, "connectionBufferBytes": 1048576,
+                 "processBufferBytes": 67108864, "maxDecompressedBytes": 0,
+                 "offLoopDecodeBytes": 65536, "headerTimeoutSeconds": 5.0,
+                 "bodyTimeoutSeconds": 30.0, "keepAliveTimeoutSeconds": 60.0,
+                 "writeTimeoutSeconds": 20.0},
     }  # fmt: skip
     config = parse_config(document)
     assert config.model.name == "mlp"
@@ -38,6 +44,7 @@ def test_the_contract_example_parses_with_every_field() -> None:
     assert config.batching.max_queue_delay_microseconds == 2000
     assert config.warmup_batch_sizes() == (1, 8, 32)
     assert config.connections.max_age_seconds == 30
+    assert config.http.max_connections == 100 and config.http.header_timeout_seconds == 5
     assert to_document(config) == {
         **document,
         "drain": {"timeoutSeconds": 30.0},
@@ -74,6 +81,10 @@ def test_command_line_name_wins_over_document_name() -> None:
         ({"connections": {"maxAgeSeconds": -5}}, "connections.maxAgeSeconds"),
         ({"connections": {"maxAgeGraceSeconds": 0}}, "connections.maxAgeGraceSeconds"),
         ({"connections": {"maxAge": 5}}, "connections: unknown key"),
+        ({"http": {"maxConnections": 0}}, "http.maxConnections"),
+        ({"http": {"maxHeaderBytes": 10}}, "http.maxHeaderBytes"),
+        ({"http": {"headerTimeoutSeconds": 0}}, "http.headerTimeoutSeconds"),
+        ({"http": {"maxConns": 5}}, "http: unknown key"),
     ],
 )
 def test_a_bad_field_is_named(patch: dict[str, Any], field: str) -> None:

@@ -139,11 +139,14 @@ async def test_accounting_feeds_the_contract_metrics_and_drain() -> None:
     dp.request_finished("http", "ok", 0.001)
     assert await dp.wait_idle(1.0)
     dp.request_started()
-    dp.request_finished("grpc", "rejected", 0.002)
+    dp.request_finished("grpc", "overloaded", 0.002)
     text = generate_latest(dp.metrics.registry).decode()
     assert 'kiln_requests_total{code="ok",model="adder",protocol="http"} 1.0' in text
-    assert 'kiln_requests_total{code="rejected",model="adder",protocol="grpc"} 1.0' in text
-    assert 'kiln_request_duration_seconds_count{model="adder",protocol="grpc"} 1.0' in text
+    assert 'kiln_requests_total{code="overloaded",model="adder",protocol="grpc"} 1.0' in text
+    assert (
+        'kiln_request_duration_seconds_count{code="overloaded",model="adder",protocol="grpc"} 1.0'
+        in text
+    )
     assert 'kiln_inflight_requests{model="adder"} 0.0' in text
     assert 'kiln_warmup_duration_seconds{model="adder"} 0.25' in text
     assert 'kiln_ready{model="adder"} 1.0' in text

@@ -4,6 +4,7 @@ import gc
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from kiln_runtime.errors import METRIC_CODES
 from kiln_runtime.metrics import LATENCY_BUCKETS, RuntimeMetrics
 from kiln_runtime.server import freeze_startup_objects
 
@@ -19,15 +20,17 @@ def test_histograms_match_prometheus_client_sample_for_sample() -> None:
     reference = Histogram(
         "kiln_request_duration_seconds",
         "End-to-end request latency inside the runtime, from the first byte decoded to "
-        "the last byte encoded.",
-        ["model", "protocol"],
+        "the last byte encoded, by outcome (the same codes as kiln_requests_total).",
+        ["model", "protocol", "code"],
         buckets=LATENCY_BUCKETS,
         registry=reference_registry,
     )
     for value in values:
-        metrics.request_duration["grpc"].observe(value)
-        reference.labels("m", "grpc").observe(value)
-    reference.labels("m", "http")  # an unobserved series is exposed too, with zeros
+        metrics.request_duration[("grpc", "ok")].observe(value)
+        reference.labels("m", "grpc", "ok").observe(value)
+    for protocol in ("http", "grpc"):  # an unobserved series is exposed too, with zeros
+        for code in METRIC_CODES:
+            reference.labels("m", protocol, code)
     ours = _lines(generate_latest(metrics.registry).decode(), "kiln_request_duration_seconds")
     theirs = _lines(generate_latest(reference_registry).decode(), "kiln_request_duration_seconds")
     assert sorted(ours) == sorted(theirs)

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import zlib
 from typing import Any
 
 import numpy as np
@@ -152,3 +153,35 @@ def test_encode_all_json_has_no_binary_header() -> None:
     http = encode_infer(response)
     assert http.extra_headers == ()
     assert json.loads(bytes(http.body[0]))["outputs"][0]["data"] == [1.0]
+
+
+def test_nesting_too_deep_is_invalid_not_a_crash() -> None:
+    deep = b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(errors.InferError, match="nested too deeply") as failure:
+        decode_infer("m", "", {}, deep, LIMIT * 1000)
+    assert failure.value.kind is errors.ErrorKind.INVALID
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_nan_and_infinity_inputs_are_not_json(constant: bytes) -> None:
+    body = b'{"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": [%s]}]}' % (
+        constant
+    )
+    with pytest.raises(errors.InferError, match="not a JSON number"):
+        decode_infer("m", "", {}, body, LIMIT)
+
+
+def test_nan_outputs_are_refused_as_json_and_sent_as_binary() -> None:
+    y = np.array([[np.nan, np.inf]], dtype=np.float32)
+    as_json = InferResponse("m", "1", "", [Tensor("Y", "FP32", y)], binary={"Y": False})
+    with pytest.raises(errors.InferError, match="binary"):
+        encode_infer(as_json)
+    as_binary = InferResponse("m", "1", "", [Tensor("Y", "FP32", y)], binary={"Y": True})
+    http = encode_infer(as_binary)
+    assert bytes(http.body[1]) == y.tobytes()
+
+
+def test_a_deflate_bomb_is_refused_at_the_limit() -> None:
+    bomb = zlib.compress(b"\0" * (LIMIT * 100))
+    with pytest.raises(errors.InferError, match=f"exceeds {LIMIT} bytes"):
+        decode_infer("m", "", {"content-encoding": "deflate"}, bomb, LIMIT)
