@@ -77,8 +77,7 @@ e2e-kind: venv ## The end-to-end suite on kind (needs Docker, kind and internet;
 
 OPERATOR_IMAGE ?= kiln/operator:dev
 image-operator: base-image ## Build the operator image from operator/Dockerfile as $(OPERATOR_IMAGE)
-	docker build --network host --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE) -t $(OPERATOR_IMAGE) operator
-	docker image prune -f >/dev/null  # the replaced image would stay behind, untagged
+	bash e2e/docker/build.sh $(OPERATOR_IMAGE) operator --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE)
 
 .PHONY: help venv lock system-deps cluster-binaries cluster-up cluster-down docker-up lint typecheck check test test-unit demo e2e e2e-kind image-operator
 
@@ -116,8 +115,7 @@ base-image: docker-up ## Build the local Debian + Python base image (debootstrap
 	bash e2e/docker/base-image.sh $(RUNTIME_BASE_IMAGE)
 
 image-runtime: base-image ## Build the runtime image from runtime_image/Dockerfile as $(RUNTIME_IMAGE)
-	docker build --network host --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE) -t $(RUNTIME_IMAGE) runtime_image
-	docker image prune -f >/dev/null  # the replaced image (several GB) would stay behind, untagged
+	bash e2e/docker/build.sh $(RUNTIME_IMAGE) runtime_image --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE)
 
 # pytriton pins numpy 1.x, so Triton's side of the benchmark gets its own virtualenv; it sees
 # torch through the main one (a .pth line appended after its own packages).
