@@ -8,6 +8,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 KUBECONFIG_LOCAL := $(CURDIR)/.kiln/kubeconfig
 export KUBECONFIG ?= $(KUBECONFIG_LOCAL)
+CHART := manifests/charts/kiln
+# The CRDs, generated from the pydantic models into crds/ (a kustomize base) and copied, byte for
+# byte, into the Helm chart's crds/ (which Helm installs before the templates and never deletes).
+define GENERATE_CRDS
+$(PY) -m kiln_operator.api.crdgen --out crds/
+rm -f $(CHART)/crds/*.yaml
+for crd in crds/*.yaml; do [ "$${crd##*/}" = kustomization.yaml ] || cp "$$crd" $(CHART)/crds/; done
+endef
 
 help: ## List the targets with a line on each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_.-]+:.*## / {printf "  \033[36m%-20s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -51,9 +59,9 @@ typecheck: venv ## mypy (strict) over every package and the tests
 	$(VENV)/bin/mypy
 
 check: venv ## Regenerate generated files and fail on any difference
-	$(PY) -m kiln_operator.api.crdgen --out crds/
-	@test -z "$$(git status --porcelain -- crds/)" || { git status --short -- crds/; \
-	  echo "crds/ differs from what the models generate: run 'make crds' and commit"; exit 1; }
+	$(GENERATE_CRDS)
+	@test -z "$$(git status --porcelain -- crds/ $(CHART)/crds/)" || { git status --short -- crds/ $(CHART)/crds/; \
+	  echo "crds/ or $(CHART)/crds/ differs from what the models generate: run 'make crds' and commit"; exit 1; }
 
 test: venv system-deps docker-up lint typecheck check ## Every test: lint, types, generated files, unit, integration, images
 	$(PY) -m pytest tests
@@ -80,8 +88,8 @@ image-operator: base-image ## Build the operator image from operator/Dockerfile 
 # ---- operator ----
 KUBECTL = $$(bash e2e/cluster/binaries.sh)/kubectl
 
-crds: venv ## Regenerate crds/ (CRDs + kustomization) from the InferenceService pydantic models
-	$(PY) -m kiln_operator.api.crdgen --out crds/
+crds: venv ## Regenerate crds/ (CRDs + kustomization) and the Helm chart's copies from the pydantic models
+	$(GENERATE_CRDS)
 
 run-operator: venv ## Run the operator in the foreground against $KUBECONFIG (default: the local cluster)
 	$(KUBECTL) apply -k crds/
