@@ -102,7 +102,13 @@ bench-operator: venv ## 100 and 1000 InferenceServices at once on the local clus
 bench-pinning: venv system-deps docker-up ## gRPC calls per pod after 1 -> 3 on the real node, with and without a max connection age -> docs/benchmarks/grpc-pinning.md
 	$(PY) -m tests.e2e.bench_grpc_pinning --out docs/benchmarks
 
-.PHONY: crds run-operator bench-operator bench-pinning
+gotools: ## Build (or find in the cache) Helm, the kstatus command and Argo CD's health test -> docs/gitops.md
+	@for tool in helm kstatus argocd-health; do bash e2e/gotools/build.sh $$tool; done
+
+test-gitops: venv ## The chart (lint, schema, same objects as kustomize) and the Argo CD health check
+	$(PY) -m pytest tests/unit/gitops
+
+.PHONY: crds run-operator bench-operator bench-pinning gotools test-gitops
 
 # ---- runtime ----
 RUNTIME_IMAGE ?= kiln/runtime:dev
