@@ -21,10 +21,11 @@ local function condition(conditions, kind)
 end
 
 local function explain(c)
+  local reason = c.reason or c.type
   if c.message ~= nil and c.message ~= "" then
-    return c.reason .. ": " .. c.message
+    return reason .. ": " .. c.message
   end
-  return c.reason
+  return reason
 end
 
 local generation = obj.metadata.generation or 0
