@@ -8,6 +8,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 KUBECONFIG_LOCAL := $(CURDIR)/.kiln/kubeconfig
 export KUBECONFIG ?= $(KUBECONFIG_LOCAL)
+CHART := manifests/charts/kiln
+# The CRDs, generated from the pydantic models into crds/ (a kustomize base) and copied, byte for
+# byte, into the Helm chart's crds/ (which Helm installs before the templates and never deletes).
+define GENERATE_CRDS
+$(PY) -m kiln_operator.api.crdgen --out crds/
+rm -f $(CHART)/crds/*.yaml
+for crd in crds/*.yaml; do [ "$${crd##*/}" = kustomization.yaml ] || cp "$$crd" $(CHART)/crds/; done
+endef
 
 help: ## List the targets with a line on each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_.-]+:.*## / {printf "  \033[36m%-20s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -54,9 +62,9 @@ typecheck: venv ## mypy (strict) over every package and the tests
 	$(VENV)/bin/mypy
 
 check: venv ## Regenerate generated files and fail on any difference
-	$(PY) -m kiln_operator.api.crdgen --out crds/
-	@test -z "$$(git status --porcelain -- crds/)" || { git status --short -- crds/; \
-	  echo "crds/ differs from what the models generate: run 'make crds' and commit"; exit 1; }
+	$(GENERATE_CRDS)
+	@test -z "$$(git status --porcelain -- crds/ $(CHART)/crds/)" || { git status --short -- crds/ $(CHART)/crds/; \
+	  echo "crds/ or $(CHART)/crds/ differs from what the models generate: run 'make crds' and commit"; exit 1; }
 
 # The Kubernetes binaries and the runtime image are made before pytest starts: on a fresh machine
 # each takes minutes, longer than a test's own time limit.
@@ -84,8 +92,8 @@ image-operator: base-image ## Build the operator image from operator/Dockerfile 
 # ---- operator ----
 KUBECTL = $$(bash e2e/cluster/binaries.sh)/kubectl
 
-crds: venv ## Regenerate crds/ (CRDs + kustomization) from the InferenceService pydantic models
-	$(PY) -m kiln_operator.api.crdgen --out crds/
+crds: venv ## Regenerate crds/ (CRDs + kustomization) and the Helm chart's copies from the pydantic models
+	$(GENERATE_CRDS)
 
 run-operator: venv ## Run the operator in the foreground against $KUBECONFIG (default: the local cluster)
 	$(KUBECTL) apply -k crds/
@@ -104,7 +112,13 @@ bench-coldstart: venv system-deps docker-up ## Apply -> first inference through 
 bench-warmup-memory: venv ## Operator peak RSS while 4 services with 16 MiB inputs warm up, with and without the budget -> docs/benchmarks/operator.md
 	$(PY) -m tests.integration.warmup.bench_warmup_memory --out docs/benchmarks/operator.md
 
-.PHONY: crds run-operator bench-operator bench-pinning bench-warmup-memory bench-coldstart
+gotools: ## Build (or find in the cache) Helm, the kstatus command and Argo CD's health test -> docs/gitops.md
+	@for tool in helm kstatus argocd-health; do bash e2e/gotools/build.sh $$tool; done
+
+test-gitops: venv ## The chart (lint, schema, same objects as kustomize) and the Argo CD health check
+	$(PY) -m pytest tests/unit/gitops
+
+.PHONY: crds run-operator bench-operator bench-pinning bench-warmup-memory bench-coldstart gotools test-gitops
 
 # ---- runtime ----
 RUNTIME_IMAGE ?= kiln/runtime:dev

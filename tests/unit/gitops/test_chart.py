@@ -1,0 +1,206 @@
+"""Kiln's Helm chart: lint-clean, its schema refuses bad values with the key's path, and for
+default values it renders the same objects as the kustomize base (`kubectl kustomize manifests/`),
+apart from the Namespace (Helm's `--create-namespace`) and Helm's own bookkeeping labels."""
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.gotools import FIRST_BUILD_TEST_TIMEOUT, go_tool, kubectl
+from tests.integration.conftest import REPO
+
+CHART = REPO / "manifests" / "charts" / "kiln"
+NAMESPACE = "kiln-system"
+HELM_LABELS = ("app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "helm.sh/chart")
+"""The labels Helm charts conventionally add and kustomize's base has no counterpart of."""
+
+Manifest = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """`helm` with its state directories in a temporary place, not the user's home."""
+    home = tmp_path_factory.mktemp("helm")
+    binary = go_tool("helm")
+    env = [f"HELM_{kind}_HOME={home / kind.lower()}" for kind in ("CACHE", "CONFIG", "DATA")]
+    return ["env", *env, str(binary)]
+
+
+def run(command: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{command[-6:]} failed:\n{result.stderr}")
+    return result
+
+
+def documents(text: str) -> list[Manifest]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def template(helm: list[str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return run(
+        [*helm, "template", "kiln", str(CHART), "--namespace", NAMESPACE, "--include-crds", *args],
+        check=check,
+    )
+
+
+def keyed(objects: list[Manifest]) -> dict[tuple[str, str], Manifest]:
+    return {(obj["kind"], obj["metadata"]["name"]): obj for obj in objects}
+
+
+def without_helm_labels(obj: Manifest) -> Manifest:
+    labels = obj["metadata"].get("labels", {})
+    for key in HELM_LABELS:
+        labels.pop(key, None)
+    return obj
+
+
+def deployment(objects: list[Manifest]) -> Manifest:
+    (found,) = [obj for obj in objects if obj["kind"] == "Deployment"]
+    return found
+
+
+pytestmark = pytest.mark.timeout(FIRST_BUILD_TEST_TIMEOUT)
+
+
+def test_default_values_render_the_kustomize_base(helm: list[str]) -> None:
+    chart = keyed([without_helm_labels(obj) for obj in documents(template(helm).stdout)])
+    base = keyed(documents(run([str(kubectl()), "kustomize", str(REPO / "manifests")]).stdout))
+    assert set(base) - set(chart) == {("Namespace", NAMESPACE)}
+    assert set(chart) - set(base) == set()
+    for key, obj in chart.items():
+        assert obj == base[key], f"{key} differs between the chart and the kustomize base"
+    assert {kind for kind, _ in chart} == {
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+    }
+
+
+def test_every_object_carries_helms_labels(helm: list[str]) -> None:
+    for obj in documents(template(helm).stdout):
+        if obj["kind"] == "CustomResourceDefinition":
+            continue  # crds/ is installed as is, never templated
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["app.kubernetes.io/instance"] == "kiln"
+        assert labels["app.kubernetes.io/part-of"] == "kiln"
+
+
+def test_the_chart_crds_are_the_generated_ones() -> None:
+    generated = sorted(p.name for p in (REPO / "crds").glob("*.yaml") if p.stem != "kustomization")
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == generated
+    for name in generated:
+        assert (CHART / "crds" / name).read_bytes() == (REPO / "crds" / name).read_bytes()
+
+
+def test_helm_lint_is_clean(helm: list[str]) -> None:
+    result = run([*helm, "lint", "--strict", str(CHART)])
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+    assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout
+    # The one [INFO] is that an icon is recommended; Kiln has no published icon to point at.
+    assert [line for line in result.stdout.splitlines() if line.startswith("[INFO]")] == [
+        "[INFO] Chart.yaml: icon is recommended"
+    ]
+
+
+def test_values_set_the_operator(helm: list[str], tmp_path: Path) -> None:
+    values = {
+        "image": {"repository": "registry.example/kiln/operator", "tag": "0.1.0"},
+        "replicas": 1,
+        "peering": {"enabled": False},
+        "logLevel": "debug",
+        "watchNamespaces": ["models", "canary"],
+        "prometheus": {"url": "http://prometheus.observability:9090"},
+        "resources": {"requests": {"cpu": "200m", "memory": "300Mi"}},
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    objects = documents(template(helm, "-f", str(tmp_path / "values.yaml")).stdout)
+    spec = deployment(objects)["spec"]
+    (container,) = spec["template"]["spec"]["containers"]
+    assert spec["replicas"] == 1
+    assert container["image"] == "registry.example/kiln/operator:0.1.0"
+    assert container["args"] == [
+        "run",
+        "--liveness=http://0.0.0.0:8080/healthz",
+        "--standalone",
+        "--verbose",
+        "--namespace=models",
+        "--namespace=canary",
+    ]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env["KILN_PROMETHEUS_URL"] == "http://prometheus.observability:9090"
+    # Helm merges maps with the defaults: the default memory limit stays
+    assert container["resources"] == {
+        "requests": {"cpu": "200m", "memory": "300Mi"},
+        "limits": {"memory": "512Mi"},
+    }
+    assert spec["template"]["spec"]["tolerations"] == values["tolerations"]
+
+
+def test_the_service_monitor_is_optional_and_selects_the_operators_metrics(
+    helm: list[str],
+) -> None:
+    assert not [o for o in documents(template(helm).stdout) if o["kind"] == "ServiceMonitor"]
+    objects = documents(
+        template(
+            helm,
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "metrics.serviceMonitor.labels.release=prometheus",
+            "--set",
+            "metrics.port=9100",
+        ).stdout
+    )
+    by_kind = {obj["kind"]: obj for obj in objects}
+    service, monitor = by_kind["Service"], by_kind["ServiceMonitor"]
+    pod_labels = deployment(objects)["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s"}
+    ]
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9100, "targetPort": "metrics"}]
+    (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": 9100} in container["ports"]
+
+
+@pytest.mark.parametrize(
+    ("values", "refusal"),
+    [
+        ({"replicas": "two"}, "at '/replicas': got string, want integer"),
+        ({"replica": 2}, "at '': additional properties 'replica' not allowed"),
+        ({"image": {"tagg": "v1"}}, "at '/image': additional properties 'tagg' not allowed"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy'"),
+        ({"logLevel": "trace"}, "at '/logLevel'"),
+        ({"metrics": {"port": 8080}}, "at '/metrics/port'"),
+        (
+            {"metrics": {"serviceMonitor": {"interval": "often"}}},
+            "at '/metrics/serviceMonitor/interval'",
+        ),
+        ({"prometheus": {"url": "prometheus:9090"}}, "at '/prometheus/url'"),
+        ({"watchNamespaces": ["Models"]}, "at '/watchNamespaces/0'"),
+        ({"resources": {"requests": {"cpu": "lots"}}}, "at '/resources/requests/cpu'"),
+        # two unpeered replicas would both act
+        ({"peering": {"enabled": False}}, "at '/replicas': value must be 1"),
+    ],
+)
+def test_the_schema_refuses_bad_values_with_the_keys_path(
+    helm: list[str], tmp_path: Path, values: Manifest, refusal: str
+) -> None:
+    (tmp_path / "values.yaml").write_text(json.dumps(values))
+    result = template(helm, "-f", str(tmp_path / "values.yaml"), check=False)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert refusal in result.stderr
