@@ -64,6 +64,7 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
         InferenceServicer(dataplane).service(),
         max_connection_age=config.connections.max_age_seconds,
         max_age_grace=config.connections.max_age_grace_seconds,
+        limits=config.http2,
     )
     metrics_server, metrics_thread = start_http_server(
         options.metrics_port, addr=options.host, registry=metrics.registry

@@ -19,8 +19,9 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from kiln_runtime import errors
+from kiln_runtime.config import Http2Limits
 from kiln_runtime.protocol import hpack
-from kiln_runtime.protocol.http2 import Http2Connection, Request, Response
+from kiln_runtime.protocol.http2 import Http2Connection, MemoryBudget, Request, Response
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,8 @@ class GrpcService:
         self.max_message = max_message
 
     async def handle(self, request: Request) -> Response:
+        if request.headers_too_large:  # grpc-go's answer: the call fails, the channel lives
+            return status_response("RESOURCE_EXHAUSTED", "request metadata exceeds the limit")
         headers = request.headers
         if headers.get(b":method") != b"POST":
             return http_error(405)
@@ -153,9 +156,15 @@ class GrpcServer:
     """Owns the listening socket and the HTTP/2 connections of one gRPC service."""
 
     def __init__(
-        self, service: GrpcService, max_connection_age: float = 0.0, max_age_grace: float = 10.0
+        self,
+        service: GrpcService,
+        max_connection_age: float = 0.0,
+        max_age_grace: float = 10.0,
+        limits: Http2Limits | None = None,
     ) -> None:
         self._service = service
+        self._limits = limits or Http2Limits()
+        self.budget = MemoryBudget(self._limits.process_buffer_bytes)
         self._max_connection_age = max_connection_age
         self._max_age_grace = max_age_grace
         self._connections: set[Http2Connection] = set()
@@ -168,6 +177,7 @@ class GrpcServer:
             lambda: Http2Connection(
                 service.handle, service.max_message, self._connections,
                 self._max_connection_age, self._max_age_grace,
+                limits=self._limits, budget=self.budget,
             ),
             host, port, backlog=1024,
         )  # fmt: skip

@@ -149,3 +149,10 @@ def test_messages_are_percent_encoded() -> None:
     assert percent_encode("shape [2, 3] is 100% wrong: ü\n") == (
         b"shape [2, 3] is 100%25 wrong: %C3%BC%0A"
     )
+
+
+async def test_metadata_over_the_limit_fails_the_call_only() -> None:
+    oversized = Request(1, {}, headers_too_large=True)  # what the transport hands on
+    assert status(await service().handle(oversized)) == (
+        8, "request metadata exceeds the limit"
+    )  # fmt: skip

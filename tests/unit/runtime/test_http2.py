@@ -20,8 +20,9 @@ import h2.events
 import h2.settings
 import pytest
 
+from kiln_runtime.config import Http2Limits
 from kiln_runtime.protocol import hpack, http2
-from kiln_runtime.protocol.http2 import Handler, Http2Connection, Request, Response
+from kiln_runtime.protocol.http2 import Handler, Http2Connection, MemoryBudget, Request, Response
 
 TIMEOUT = 5.0
 OK = hpack.encode([(b":status", b"200"), (b"content-type", b"application/grpc")])
@@ -143,13 +144,25 @@ class Harness:
         max_body: int = 1 << 20,
         max_age: float = 0.0,
         max_age_grace: float = 10.0,
+        limits: Http2Limits | None = None,
     ) -> None:
+        limits = limits or Http2Limits()
+        self.budget = MemoryBudget(limits.process_buffer_bytes)
+
         async def recording(request: Request) -> Response:
             self.requests.append(request)
             return await handler(request)
 
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: Http2Connection(recording, max_body, self.connections, max_age, max_age_grace),
+            lambda: Http2Connection(
+                recording,
+                max_body,
+                self.connections,
+                max_age,
+                max_age_grace,
+                limits=limits,
+                budget=self.budget,
+            ),
             "127.0.0.1",
             0,
         )
