@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 from kiln_runtime import __version__, errors
 from kiln_runtime.dataplane import DataPlane
 from kiln_runtime.datatypes import from_json_values
+from kiln_runtime.protocol import health
 from kiln_runtime.protocol.grpcserver import GrpcService, UnaryMethod
 from kiln_runtime.protocol.types import (
     InferRequest,
@@ -125,7 +126,19 @@ class InferenceServicer:
         }
         # The message limit sits above the tensor limit (typed contents and field overhead can
         # outgrow the raw bytes) so that most oversized requests get decode_infer's message.
-        return GrpcService(SERVICE, methods, max_message=2 * self.max_bytes + (1 << 20))
+        service = GrpcService(SERVICE, methods, max_message=2 * self.max_bytes + (1 << 20))
+        # Watch (a server stream) is not served: UNIMPLEMENTED, which probes and grpc-health-probe
+        # do not use; Kubernetes' gRPC probe calls Check.
+        service.add(health.SERVICE, {"Check": UnaryMethod(health.HealthCheckRequest, self.check)})
+        return service
+
+    async def check(self, request: Any, time_left: float | None) -> Any:
+        """grpc.health.v1.Health/Check: the server (``""``) and its inference service serve
+        when the model is ready (not while loading or draining)."""
+        if request.service not in ("", SERVICE):
+            raise errors.not_found(f"unknown service '{request.service}'")
+        status = health.SERVING if self.dataplane.ready else health.NOT_SERVING
+        return health.HealthCheckResponse(status=status)
 
     async def server_live(self, request: Any, time_left: float | None) -> Any:
         return service_pb2.ServerLiveResponse(live=self.dataplane.live)

@@ -4,14 +4,17 @@ The transport under ``grpc.InferenceServicer`` (as ``httpserver`` is under ``res
 ``:path`` to a method, unframes the one length-prefixed protobuf message, reads
 ``grpc-timeout``, and answers with ``grpc-status``/``grpc-message`` trailers as the gRPC
 HTTP/2 protocol specifies, so grpcio clients (``tritonclient.grpc``) and h2load see a gRPC
-server. Compression is not negotiated: the server announces ``identity`` only, which gRPC
-clients honour.
+server. It accepts gzip-compressed messages (announced in ``grpc-accept-encoding``; the
+inflated size is bounded by the message limit, and large messages inflate off the event loop)
+and answers uncompressed, which every client accepts. A call to a method it does not serve
+(streaming ones included) gets UNIMPLEMENTED from its headers, without waiting for its body.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,9 +37,13 @@ STATUS_CODES = {
 
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
+ACCEPT_ENCODING = b"identity,gzip"
+# Compressed messages at least this large inflate in a worker thread, not on the event loop.
+INFLATE_OFF_LOOP_BYTES = 64 << 10
+
 _OK_HEADERS = hpack.encode(
     [(b":status", b"200"), (b"content-type", b"application/grpc"),
-     (b"grpc-accept-encoding", b"identity")]
+     (b"grpc-accept-encoding", ACCEPT_ENCODING)]
 )  # fmt: skip
 _OK_TRAILERS = hpack.encode([(b"grpc-status", b"0")])
 
@@ -86,6 +93,7 @@ def status_response(code: str, message: str) -> Response:
                 (b"content-type", b"application/grpc"),
                 (b"grpc-status", b"%d" % STATUS_CODES[code]),
                 (b"grpc-message", percent_encode(message[:1024])),
+                (b"grpc-accept-encoding", ACCEPT_ENCODING),
             ]
         )
     )
@@ -96,11 +104,24 @@ def http_error(status: int) -> Response:
 
 
 class GrpcService:
-    """Answers the HTTP/2 requests of one gRPC service's unary methods."""
+    """Answers the HTTP/2 requests of gRPC services' unary methods."""
 
     def __init__(self, service: str, methods: dict[str, UnaryMethod], max_message: int) -> None:
-        self._methods = {f"/{service}/{name}".encode(): m for name, m in methods.items()}
+        self._methods: dict[bytes, UnaryMethod] = {}
+        self.add(service, methods)
         self.max_message = max_message
+
+    def add(self, service: str, methods: dict[str, UnaryMethod]) -> None:
+        """Serve another service's methods on the same port (e.g. ``grpc.health.v1.Health``)."""
+        self._methods.update({f"/{service}/{name}".encode(): m for name, m in methods.items()})
+
+    def answers_early(self, headers: dict[bytes, bytes]) -> bool:
+        """A request this service refuses from its headers: answered before its body."""
+        return (
+            headers.get(b":method") != b"POST"
+            or not headers.get(b"content-type", b"").startswith(b"application/grpc")
+            or headers.get(b":path", b"") not in self._methods
+        )
 
     async def handle(self, request: Request) -> Response:
         if request.headers_too_large:  # grpc-go's answer: the call fails, the channel lives
@@ -121,7 +142,7 @@ class GrpcService:
             )
         try:
             timeout = grpc_timeout(headers[b"grpc-timeout"]) if b"grpc-timeout" in headers else None
-            message = self._unframe(request.body, method.request_type)
+            message = await self._unframe(request, method.request_type)
             reply = await method.call(message, timeout)
         except errors.InferError as error:
             return status_response(error.kind.mapping.grpc_code, error.message)
@@ -137,19 +158,45 @@ class GrpcService:
             _OK_HEADERS, b"\0" + len(payload).to_bytes(4, "big") + payload, _OK_TRAILERS
         )
 
-    @staticmethod
-    def _unframe(body: bytes, request_type: Any) -> Any:
+    async def _unframe(self, request: Request, request_type: Any) -> Any:
+        body = request.body
         if len(body) < 5:
             raise errors.invalid("request carries no gRPC message")
-        if body[0]:
-            raise _Refused("UNIMPLEMENTED", "compressed messages are not supported")
         length = int.from_bytes(body[1:5], "big")
         if len(body) != 5 + length:
             raise errors.invalid("a unary request carries exactly one gRPC message")
+        payload = body[5:]
+        if body[0]:
+            encoding = request.headers.get(b"grpc-encoding", b"identity")
+            if encoding != b"gzip":
+                raise _Refused(
+                    "UNIMPLEMENTED",
+                    f"message compressed with {encoding.decode('latin-1')!r}; "
+                    f"this server accepts {ACCEPT_ENCODING.decode()}",
+                )
+            if len(payload) >= INFLATE_OFF_LOOP_BYTES:
+                payload = await asyncio.to_thread(inflate, payload, self.max_message)
+            else:
+                payload = inflate(payload, self.max_message)
         try:
-            return request_type.FromString(body[5:])
+            return request_type.FromString(payload)
         except DecodeError as error:
             raise errors.invalid(f"malformed {request_type.DESCRIPTOR.name}: {error}") from None
+
+
+def inflate(data: bytes, limit: int) -> bytes:
+    """A gzip message inflated, refused once it passes ``limit`` bytes (a zip bomb stops
+    there: memory and time are bounded by the limit, not by the ratio)."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        message = inflater.decompress(data, limit + 1)
+    except zlib.error as error:
+        raise errors.invalid(f"malformed gzip message: {error}") from None
+    if len(message) > limit:
+        raise _Refused("RESOURCE_EXHAUSTED", f"inflated message exceeds {limit} bytes")
+    if not inflater.eof:
+        raise errors.invalid("truncated gzip message")
+    return message
 
 
 class GrpcServer:
@@ -177,7 +224,7 @@ class GrpcServer:
             lambda: Http2Connection(
                 service.handle, service.max_message, self._connections,
                 self._max_connection_age, self._max_age_grace,
-                limits=self._limits, budget=self.budget,
+                limits=self._limits, budget=self.budget, answers_early=service.answers_early,
             ),
             host, port, backlog=1024,
         )  # fmt: skip

@@ -109,6 +109,9 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+# Whether a request is answered from its headers alone, without waiting for its body: gRPC's
+# unknown (e.g. streaming) methods get UNIMPLEMENTED at once, not when the client half-closes.
+AnswersEarly = Callable[[dict[bytes, bytes]], bool]
 
 
 @dataclass
@@ -212,9 +215,11 @@ class Http2Connection(asyncio.Protocol):
         *,
         limits: Http2Limits | None = None,
         budget: MemoryBudget | None = None,
+        answers_early: AnswersEarly | None = None,
     ) -> None:
         limits = limits or Http2Limits()
         self._handler = handler
+        self._answers_early = answers_early
         self._max_age = max_age
         self._max_age_grace = max_age_grace
         self._limits = limits
@@ -500,7 +505,7 @@ class Http2Connection(asyncio.Protocol):
         if stream.unacked > STREAM_WINDOW:
             raise ProtocolViolation(FLOW_CONTROL_ERROR, f"stream {stream_id} window exceeded")
         request = stream.request
-        if not (request.too_large or request.headers_too_large):
+        if not stream.dispatched:  # once answering (early, or too large), the body is dropped
             request.size += len(data)
             if request.size > self._max_body:
                 request.too_large = True
@@ -572,7 +577,7 @@ class Http2Connection(asyncio.Protocol):
         if flags & END_STREAM:
             stream.remote_closed = True
             self._dispatch(stream)
-        elif oversized:
+        elif oversized or (self._answers_early is not None and self._answers_early(headers)):
             self._dispatch(stream)  # answered at once; the body that follows is discarded
 
     def _on_settings(self, flags: int, stream_id: int, payload: bytes) -> None:

@@ -2,6 +2,8 @@
 protocol spells it (status in trailers, Trailers-Only for errors, grpc-message percent-encoded).
 """
 
+import gzip
+import random
 from typing import Any
 
 import pytest
@@ -156,3 +158,54 @@ async def test_metadata_over_the_limit_fails_the_call_only() -> None:
     assert status(await service().handle(oversized)) == (
         8, "request metadata exceeds the limit"
     )  # fmt: skip
+
+
+def gzipped(message: Any) -> bytes:
+    payload = gzip.compress(message.SerializeToString())
+    return b"\1" + len(payload).to_bytes(4, "big") + payload
+
+
+GZIP = {b"grpc-encoding": b"gzip"}
+
+
+async def test_gzip_messages_are_inflated() -> None:
+    body = gzipped(service_pb2.ModelReadyRequest(name="mlp"))
+    response = await service().handle(request(body, extra=GZIP))
+    assert service_pb2.ModelReadyResponse.FromString(response.data[5:]).ready
+
+
+@pytest.mark.parametrize(
+    ("body", "extra", "code", "needle"),
+    [
+        (b"\1" + (24).to_bytes(4, "big") + gzip.compress(b"\0" * 4000)[:24], GZIP, 3, "gzip"),
+        (framed(service_pb2.ModelReadyRequest(name="m"), compressed=True),
+         {b"grpc-encoding": b"snappy"}, 12, "'snappy'"),
+    ],
+)  # fmt: skip
+async def test_bad_compression_is_refused(
+    body: bytes, extra: dict[bytes, bytes], code: int, needle: str
+) -> None:
+    got_code, message = status(await service().handle(request(body, extra=extra)))
+    assert got_code == code
+    assert needle in message
+
+
+@pytest.mark.parametrize(
+    "inflated",
+    [b"\0" * 2000, b"\0" * (64 << 20), random.Random(0).randbytes(100_000)],
+    ids=["small", "bomb", "large-inflated-in-a-thread"],
+)
+async def test_a_message_inflating_past_the_limit_is_refused(inflated: bytes) -> None:
+    bomb = gzip.compress(inflated)
+    body = b"\1" + len(bomb).to_bytes(4, "big") + bomb
+    assert status(await service().handle(request(body, extra=GZIP))) == (
+        8, "inflated message exceeds 1000 bytes"
+    )  # fmt: skip
+
+
+def test_methods_it_does_not_serve_are_answered_from_their_headers() -> None:
+    known = {b":method": b"POST", b":path": PATH, b"content-type": b"application/grpc"}
+    assert not service().answers_early(known)
+    assert service().answers_early({**known, b":path": b"/pkg.Svc/Stream"})
+    assert service().answers_early({**known, b":method": b"GET"})
+    assert service().answers_early({**known, b"content-type": b"text/plain"})

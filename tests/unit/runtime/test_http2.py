@@ -22,7 +22,14 @@ import pytest
 
 from kiln_runtime.config import Http2Limits
 from kiln_runtime.protocol import hpack, http2
-from kiln_runtime.protocol.http2 import Handler, Http2Connection, MemoryBudget, Request, Response
+from kiln_runtime.protocol.http2 import (
+    AnswersEarly,
+    Handler,
+    Http2Connection,
+    MemoryBudget,
+    Request,
+    Response,
+)
 
 TIMEOUT = 5.0
 OK = hpack.encode([(b":status", b"200"), (b"content-type", b"application/grpc")])
@@ -144,7 +151,9 @@ class Harness:
         max_body: int = 1 << 20,
         max_age: float = 0.0,
         max_age_grace: float = 10.0,
+        *,
         limits: Http2Limits | None = None,
+        answers_early: AnswersEarly | None = None,
     ) -> None:
         limits = limits or Http2Limits()
         self.budget = MemoryBudget(limits.process_buffer_bytes)
@@ -162,6 +171,7 @@ class Harness:
                 max_age_grace,
                 limits=limits,
                 budget=self.budget,
+                answers_early=answers_early,
             ),
             "127.0.0.1",
             0,
@@ -533,3 +543,14 @@ async def test_connections_without_a_max_age_stay_open(harness: Harness) -> None
     assert not of(client.events, h2.events.ConnectionTerminated)
     (connection,) = harness.connections
     assert not connection.closed.done()
+
+
+async def test_a_request_answered_from_its_headers_does_not_wait_for_its_body(
+    harness: Harness,
+) -> None:
+    await harness.serve(answers_early=lambda headers: headers[b":path"] == b"/stream")
+    client = await harness.connect(H2Client)
+    sid = client.request(b"/stream", b"first message", end=False)  # never half-closed
+    events = await client.events_until(has(h2.events.StreamReset, sid))
+    assert body(events, sid) == b"/stream "  # answered before the body was read
+    assert of(events, h2.events.StreamReset, sid)[0].error_code == h2.errors.ErrorCodes.NO_ERROR

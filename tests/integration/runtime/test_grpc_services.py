@@ -1,0 +1,89 @@
+"""The standard gRPC services and behaviours third-party clients rely on, through grpcio's own
+client against a real runtime process: grpc.health.v1.Health, gzip-compressed messages, and
+UNIMPLEMENTED at once for methods the runtime does not serve (streaming ones included)."""
+
+import time
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+from tritonclient.grpc import service_pb2
+
+from kiln_runtime.protocol import health
+
+from .conftest import ModelFactory
+from .runtime_process import Runtime, running
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def runtime(
+    example_model: ModelFactory, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Runtime]:
+    with running(example_model("mlp"), tmp_path_factory.mktemp("logs")) as served:
+        yield served
+
+
+@pytest.fixture
+def channel(runtime: Runtime) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(runtime.grpc_url) as opened:
+        yield opened
+
+
+def check(channel: grpc.Channel, service: str) -> int:
+    call = channel.unary_unary(
+        "/grpc.health.v1.Health/Check",
+        request_serializer=health.HealthCheckRequest.SerializeToString,
+        response_deserializer=health.HealthCheckResponse.FromString,
+    )
+    return int(call(health.HealthCheckRequest(service=service), timeout=5).status)
+
+
+def test_health_check_reports_serving_when_ready(channel: grpc.Channel) -> None:
+    assert check(channel, "") == health.SERVING
+    assert check(channel, "inference.GRPCInferenceService") == health.SERVING
+    with pytest.raises(grpc.RpcError) as failed:
+        check(channel, "no.such.Service")
+    assert failed.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_gzip_messages_are_inflated(runtime: Runtime) -> None:
+    client = triton_grpc.InferenceServerClient(runtime.grpc_url)
+    x = np.random.default_rng(0).standard_normal((4, 512)).astype(np.float32)
+    tensor = triton_grpc.InferInput("INPUT__0", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    plain = client.infer("mlp", [tensor]).as_numpy("OUTPUT__0")
+    zipped = client.infer("mlp", [tensor], compression_algorithm="gzip").as_numpy("OUTPUT__0")
+    np.testing.assert_array_equal(zipped, plain)
+    with pytest.raises(triton_grpc.InferenceServerException, match="deflate"):
+        client.infer("mlp", [tensor], compression_algorithm="deflate")
+
+
+def test_streaming_methods_are_unimplemented_at_once(channel: grpc.Channel) -> None:
+    stream = channel.stream_stream(
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+        response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+    )
+
+    def requests() -> Iterator[object]:
+        yield service_pb2.ModelInferRequest(model_name="mlp")
+        time.sleep(30)  # the client never half-closes: the answer must not wait for it
+
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as failed:
+        next(iter(stream(requests(), timeout=10)))
+    assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert time.monotonic() - started < 5
+
+    watch = channel.unary_stream(
+        "/grpc.health.v1.Health/Watch",
+        request_serializer=health.HealthCheckRequest.SerializeToString,
+        response_deserializer=health.HealthCheckResponse.FromString,
+    )
+    with pytest.raises(grpc.RpcError) as failed:
+        next(iter(watch(health.HealthCheckRequest(), timeout=5)))
+    assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
