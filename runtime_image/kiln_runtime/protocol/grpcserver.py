@@ -100,7 +100,11 @@ def status_response(code: str, message: str) -> Response:
 
 
 def http_error(status: int) -> Response:
-    return Response(hpack.encode([(b":status", b"%d" % status)]))
+    """An answer to a request that is not gRPC, with a body saying what this server is."""
+    return Response(
+        hpack.encode([(b":status", b"%d" % status), (b"content-type", b"text/plain")]),
+        b"this is a gRPC server: POST application/grpc\n",
+    )
 
 
 class GrpcService:
@@ -116,11 +120,12 @@ class GrpcService:
         self._methods.update({f"/{service}/{name}".encode(): m for name, m in methods.items()})
 
     def answers_early(self, headers: dict[bytes, bytes]) -> bool:
-        """A request this service refuses from its headers: answered before its body."""
+        """A gRPC call to a method this service does not serve: answered before its body
+        (other requests are answered, with an HTTP error, once complete)."""
         return (
-            headers.get(b":method") != b"POST"
-            or not headers.get(b"content-type", b"").startswith(b"application/grpc")
-            or headers.get(b":path", b"") not in self._methods
+            headers.get(b":method") == b"POST"
+            and headers.get(b"content-type", b"").startswith(b"application/grpc")
+            and headers.get(b":path", b"") not in self._methods
         )
 
     async def handle(self, request: Request) -> Response:

@@ -40,16 +40,17 @@ log = logging.getLogger(__name__)
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
-DATA, HEADERS, RST_STREAM, SETTINGS = 0x0, 0x1, 0x3, 0x4  # PRIORITY (0x2) is ignored
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0x0, 0x1, 0x2, 0x3, 0x4
 PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0x5, 0x6, 0x7, 0x8, 0x9
 
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
+SELF_DEPENDENT = 0x100  # not on the wire: marks a HEADERS whose priority names its own stream
 
 SETTINGS_HEADER_TABLE_SIZE, SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
 SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
 
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
-FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x6, 0x7, 0x8, 0x9
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
 ENHANCE_YOUR_CALM = 0xB
 
 MAX_STREAM_ID = 0x7FFF_FFFF
@@ -63,7 +64,8 @@ DEFAULT_MAX_FRAME = 16_384
 # loopback round trips; it is also what a connection may have in flight beyond its budget.
 STREAM_WINDOW = 1 << 20
 CONNECTION_WINDOW = 1 << 20
-MAX_FRAME_SIZE = 1 << 20
+MAX_FRAME_SIZE = DEFAULT_MAX_FRAME  # larger frames save little next to a call's other costs
+RECENT_STREAMS = 1024  # closed streams remembered: late frames on them are told apart
 # A compressed header block may be this many times the header list limit (indexed fields make
 # a block smaller than its list); past it the block is refused unread, ending the connection.
 HEADER_BLOCK_FACTOR = 2
@@ -72,6 +74,38 @@ FLOOD_BURST_SECONDS = 10.0  # each flood budget holds this many seconds of its r
 TICK_SECONDS = 1.0  # how often a connection checks its timeouts
 
 _FRAME_HEADER = struct.Struct(">BHBBL")  # length is 24 bits: high byte + low 16 bits
+
+REQUEST_PSEUDO_HEADERS = frozenset((b":method", b":scheme", b":path", b":authority"))
+# RFC 9113 8.2.2: HTTP/1.1 connection-specific fields have no meaning in HTTP/2.
+CONNECTION_SPECIFIC = frozenset(
+    (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
+)
+
+
+def malformed(fields: tuple[tuple[bytes, bytes], ...], trailers: bool = False) -> str | None:
+    """Why a request's header (or trailer) list is malformed (RFC 9113 8.2-8.3), or None."""
+    seen: set[bytes] = set()
+    regular = False
+    for name, value in fields:
+        if name[:1] == b":":
+            if trailers or regular:
+                return f"pseudo-header {name!r} after regular fields or in trailers"
+            if name not in REQUEST_PSEUDO_HEADERS or name in seen:
+                return f"unknown or repeated pseudo-header {name!r}"
+            if name == b":path" and not value:
+                return "empty :path"
+            seen.add(name)
+            continue
+        regular = True
+        if name != name.lower():
+            return f"uppercase field name {name!r}"
+        if name in CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):
+            return f"connection-specific field {name!r}"
+    if trailers:
+        return None
+    if len(seen & {b":method", b":scheme", b":path"}) != 3:
+        return "a request needs :method, :scheme and :path"
+    return None
 
 
 class ProtocolViolation(Exception):
@@ -122,6 +156,8 @@ class _Stream:
     remote_closed: bool = False
     dispatched: bool = False
     unacked: int = 0  # bytes received since the last stream WINDOW_UPDATE
+    received: int = 0  # body bytes received (unpadded), against content-length
+    content_length: int | None = None
     buffered: int = 0  # request bytes this stream holds of the connection's budget
     task: asyncio.Task[None] | None = None
     pending: memoryview | None = None  # response data waiting for the peer's window
@@ -236,6 +272,9 @@ class Http2Connection(asyncio.Protocol):
         self._blocked: dict[int, _Stream] = {}  # streams whose response waits for window
         self._queued: dict[int, _Stream] = {}  # complete requests waiting for the budget
         self._last_stream_id = 0
+        # Recently closed streams: True if this server reset them (late frames are ignored,
+        # RFC 9113 5.1), False if they ended or the peer reset them (late frames are errors).
+        self._recent: dict[int, bool] = {}
         self._continuing: tuple[int, int, bytearray] | None = None  # stream, flags, block
         self._continuing_since = 0.0
         self._peer_window = DEFAULT_WINDOW  # the peer's initial stream window
@@ -475,10 +514,47 @@ class Http2Connection(asyncio.Protocol):
         elif kind == RST_STREAM:
             self._on_rst_stream(stream_id, payload)
         elif kind == GOAWAY:
+            if stream_id:
+                raise ProtocolViolation(PROTOCOL_ERROR, "GOAWAY on a stream")
             self._going_away = True  # the client opens no more streams; answer the open ones
         elif kind == PUSH_PROMISE:
             raise ProtocolViolation(PROTOCOL_ERROR, "clients must not push")
-        # PRIORITY and unknown frame types are ignored (RFC 9113 5.3.2, 5.5)
+        elif kind == PRIORITY:
+            self._on_priority(stream_id, payload)
+        # Unknown frame types are ignored (RFC 9113 5.5)
+
+    def _on_priority(self, stream_id: int, payload: bytes) -> None:
+        """Priorities are checked, then ignored (RFC 9113 5.3.2)."""
+        if stream_id == 0:
+            raise ProtocolViolation(PROTOCOL_ERROR, "PRIORITY on stream 0")
+        if len(payload) != 5:
+            self._stream_error(stream_id, FRAME_SIZE_ERROR)
+        elif int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == stream_id:
+            self._stream_error(stream_id, PROTOCOL_ERROR)
+
+    def _stream_error(self, stream_id: int, code: int) -> None:
+        """RST_STREAM for a stream, open or not (RFC 9113 5.4.2); the connection goes on."""
+        stream = self._streams.get(stream_id)
+        if stream is not None:
+            self._reset(stream, code)
+            return
+        self._out.append(_rst_stream(stream_id, code))
+        self._remember(stream_id, reset_here=True)
+
+    def _remember(self, stream_id: int, reset_here: bool) -> None:
+        self._recent[stream_id] = reset_here
+        if len(self._recent) > RECENT_STREAMS:
+            del self._recent[next(iter(self._recent))]
+
+    def _closed_stream(self, stream_id: int, what: str) -> None:
+        """A frame that only an open stream may carry, on a stream that is not open."""
+        if stream_id > self._last_stream_id:
+            raise ProtocolViolation(PROTOCOL_ERROR, f"{what} on idle stream {stream_id}")
+        reset_here = self._recent.get(stream_id)
+        if reset_here is None:  # skipped (or closed long ago): ids only grow (RFC 9113 5.1.1)
+            raise ProtocolViolation(PROTOCOL_ERROR, f"{what} on stream {stream_id}, not open")
+        if not reset_here:  # frames on a stream this server reset are ignored
+            raise ProtocolViolation(STREAM_CLOSED, f"{what} on closed stream {stream_id}")
 
     @staticmethod
     def _unpad(flags: int, payload: bytes) -> bytes:
@@ -494,13 +570,23 @@ class Http2Connection(asyncio.Protocol):
         self._receive_window -= len(payload)
         if self._receive_window < 0:
             raise ProtocolViolation(FLOW_CONTROL_ERROR, "connection window exceeded")
+        data = self._unpad(flags, payload)  # bad padding is a connection error, on any stream
         stream = self._streams.get(stream_id)
         if stream is None or stream.remote_closed:
-            if stream_id > self._last_stream_id:
-                raise ProtocolViolation(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
-            self._reopen_window()  # a stream already answered and reset: nothing is kept
+            self._reopen_window()  # nothing of it is kept
+            if stream is None:
+                self._closed_stream(stream_id, "DATA")
+            else:  # half-closed (remote): the peer said it had sent everything
+                self._reset(stream, STREAM_CLOSED)
             return
-        data = self._unpad(flags, payload)
+        stream.received += len(data)
+        if stream.content_length is not None and (
+            stream.received > stream.content_length
+            or (flags & END_STREAM and stream.received != stream.content_length)
+        ):
+            self._reset(stream, PROTOCOL_ERROR)  # malformed: the body and content-length differ
+            self._reopen_window()
+            return
         stream.unacked += len(payload)
         if stream.unacked > STREAM_WINDOW:
             raise ProtocolViolation(FLOW_CONTROL_ERROR, f"stream {stream_id} window exceeded")
@@ -532,6 +618,10 @@ class Http2Connection(asyncio.Protocol):
             raise ProtocolViolation(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}")
         block = self._unpad(flags, payload)
         if flags & PRIORITY_FLAG:
+            if len(block) < 5:
+                raise ProtocolViolation(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
+            if int.from_bytes(block[:4], "big") & 0x7FFFFFFF == stream_id:
+                flags |= SELF_DEPENDENT  # decoded (for the table), then refused
             block = block[5:]
         if flags & END_HEADERS:
             self._on_header_block(flags, stream_id, block)
@@ -551,31 +641,53 @@ class Http2Connection(asyncio.Protocol):
             self._on_header_block(first_flags, stream_id, bytes(block))
 
     def _on_header_block(self, flags: int, stream_id: int, block: bytes) -> None:
+        fields: tuple[tuple[bytes, bytes], ...] = ()
         oversized = False
         try:  # always decoded: the decoder's table must follow the peer's encoder
-            headers = dict(self._decoder.decode(block))
+            fields = self._decoder.decode(block)
         except hpack.HeaderListTooLarge:
-            headers, oversized = {}, True  # the table is in step: only this stream fails
+            oversized = True  # the table is in step: only this stream fails
         except hpack.HpackError as error:
             raise ProtocolViolation(COMPRESSION_ERROR, str(error)) from None
         stream = self._streams.get(stream_id)
         if stream is not None:  # trailers of a request: they must end it
-            if not flags & END_STREAM or stream.remote_closed:
-                raise ProtocolViolation(PROTOCOL_ERROR, f"unexpected HEADERS on {stream_id}")
-            stream.remote_closed = True
-            self._dispatch(stream)
+            if stream.remote_closed:
+                self._reset(stream, STREAM_CLOSED)
+            elif (
+                not flags & END_STREAM
+                or malformed(fields, trailers=True)
+                or stream.content_length not in (None, stream.received)
+            ):
+                self._reset(stream, PROTOCOL_ERROR)
+            else:
+                stream.remote_closed = True
+                self._dispatch(stream)
             return
         if stream_id <= self._last_stream_id:
-            return  # a stream this server answered early and reset: its late frames are ignored
+            self._closed_stream(stream_id, "HEADERS")
+            return  # a stream this server reset: its late frames are ignored
         self._last_stream_id = stream_id
-        if self._going_away or len(self._streams) >= self._limits.max_concurrent_streams:
-            self._out.append(_rst_stream(stream_id, REFUSED_STREAM))
+        if flags & SELF_DEPENDENT or (not oversized and malformed(fields)):
+            self._stream_error(stream_id, PROTOCOL_ERROR)
             return
+        if self._going_away or len(self._streams) >= self._limits.max_concurrent_streams:
+            self._stream_error(stream_id, REFUSED_STREAM)
+            return
+        headers = dict(fields)
         request = Request(stream_id, headers, headers_too_large=oversized)
         stream = _Stream(request, send_window=self._peer_window, opened=self._loop.time())
+        length = headers.get(b"content-length")
+        if length is not None:
+            if not length.isdigit():
+                self._stream_error(stream_id, PROTOCOL_ERROR)
+                return
+            stream.content_length = int(length)
         self._streams[stream_id] = stream
         if flags & END_STREAM:
             stream.remote_closed = True
+            if stream.content_length:
+                self._reset(stream, PROTOCOL_ERROR)  # a body was announced, none came
+                return
             self._dispatch(stream)
         elif oversized or (self._answers_early is not None and self._answers_early(headers)):
             self._dispatch(stream)  # answered at once; the body that follows is discarded
@@ -584,6 +696,8 @@ class Http2Connection(asyncio.Protocol):
         if stream_id:
             raise ProtocolViolation(PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & ACK:
+            if payload:
+                raise ProtocolViolation(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
             return
         if len(payload) % 6:
             raise ProtocolViolation(FRAME_SIZE_ERROR, "malformed SETTINGS")
@@ -596,6 +710,8 @@ class Http2Connection(asyncio.Protocol):
                 self._peer_window = value
                 for stream in self._streams.values():
                     stream.send_window += delta
+            elif key == SETTINGS_ENABLE_PUSH and value > 1:
+                raise ProtocolViolation(PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH of {value}")
             elif key == SETTINGS_MAX_FRAME_SIZE:
                 if not DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
                     raise ProtocolViolation(PROTOCOL_ERROR, f"max frame size {value}")
@@ -618,7 +734,9 @@ class Http2Connection(asyncio.Protocol):
         else:
             stream = self._streams.get(stream_id)
             if stream is None:
-                return
+                if stream_id > self._last_stream_id:
+                    raise ProtocolViolation(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle {stream_id}")
+                return  # a closed stream: WINDOW_UPDATE may still arrive (RFC 9113 6.9)
             if increment == 0:
                 self._reset(stream, PROTOCOL_ERROR)
                 return
@@ -640,6 +758,7 @@ class Http2Connection(asyncio.Protocol):
         # and the client nothing, so cancelled calls are budgeted per connection.
         self._flood(self._resets, "RST_STREAM")
         self._forget(stream)
+        self._remember(stream_id, reset_here=False)
         if stream.task is not None:
             stream.task.cancel()  # the client gave up: so does its request
 
@@ -778,6 +897,7 @@ class Http2Connection(asyncio.Protocol):
     def _finish(self, stream: _Stream) -> None:
         """The response is out: forget the stream (and stop an unread request body)."""
         self._forget(stream)
+        self._remember(stream.request.stream_id, reset_here=not stream.remote_closed)
         if not stream.remote_closed:
             self._out.append(_rst_stream(stream.request.stream_id, NO_ERROR))
         if self._going_away and not self._streams:
@@ -787,6 +907,7 @@ class Http2Connection(asyncio.Protocol):
 
     def _reset(self, stream: _Stream, code: int) -> None:
         self._forget(stream)
+        self._remember(stream.request.stream_id, reset_here=True)
         self._out.append(_rst_stream(stream.request.stream_id, code))
         if stream.task is not None:
             stream.task.cancel()

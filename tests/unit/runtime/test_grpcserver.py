@@ -129,7 +129,8 @@ async def test_requests_that_are_not_grpc_get_http_errors(
     extra: dict[bytes, bytes], http_status: bytes
 ) -> None:
     response = await service().handle(request(b"", extra=extra))
-    assert headers(response.headers) == {b":status": http_status}
+    assert headers(response.headers) == {b":status": http_status, b"content-type": b"text/plain"}
+    assert b"gRPC server" in response.data
     assert response.trailers is None
 
 
@@ -203,9 +204,9 @@ async def test_a_message_inflating_past_the_limit_is_refused(inflated: bytes) ->
     )  # fmt: skip
 
 
-def test_methods_it_does_not_serve_are_answered_from_their_headers() -> None:
+def test_grpc_calls_it_does_not_serve_are_answered_from_their_headers() -> None:
     known = {b":method": b"POST", b":path": PATH, b"content-type": b"application/grpc"}
     assert not service().answers_early(known)
     assert service().answers_early({**known, b":path": b"/pkg.Svc/Stream"})
-    assert service().answers_early({**known, b":method": b"GET"})
-    assert service().answers_early({**known, b"content-type": b"text/plain"})
+    assert not service().answers_early({**known, b":method": b"GET"})
+    assert not service().answers_early({**known, b"content-type": b"text/plain"})

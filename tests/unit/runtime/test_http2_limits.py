@@ -1,4 +1,5 @@
-"""The HTTP/2 connection's limits against hostile and careless peers, over real loopback TCP.
+"""The HTTP/2 connection's limits and RFC 9113 checks against hostile and careless peers, over
+real loopback TCP.
 
 Each test trips one limit of ``Http2Limits`` and checks what the peer sees (GOAWAY
 ENHANCE_YOUR_CALM, a refused connection, a failed stream) and, where it matters, that the
@@ -334,3 +335,79 @@ async def test_a_client_that_stops_reading_cannot_pin_more_than_the_budget(
     assert sum(len(f[3]) for f in frames if f[0] == http2.DATA) == answered * ANSWER_BYTES
     assert harness.budget.used == 0
     await probe(harness)
+
+
+MALFORMED_REQUESTS = {  # request fields RFC 9113 8.2-8.3 forbids: a stream error each
+    "uppercase-name": [*request_fields(b"/"), (b"X-Upper", b"1")],
+    "unknown-pseudo": [*request_fields(b"/"), (b":unknown", b"1")],
+    "response-pseudo": [(b":status", b"200"), *request_fields(b"/")],
+    "pseudo-after-regular": [(b"x-a", b"1"), *request_fields(b"/")],
+    "connection-specific": [*request_fields(b"/"), (b"connection", b"keep-alive")],
+    "te-not-trailers": [*request_fields(b"/"), (b"te", b"gzip")],
+    "empty-path": [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"")],
+    "no-method": request_fields(b"/")[1:],
+    "duplicate-path": [*request_fields(b"/"), (b":path", b"/again")],
+}
+
+
+@pytest.mark.parametrize("fields", MALFORMED_REQUESTS.values(), ids=MALFORMED_REQUESTS.keys())
+async def test_a_malformed_request_fails_its_stream_only(
+    harness: Harness, fields: list[tuple[bytes, bytes]]
+) -> None:
+    await harness.serve()
+    peer = await harness.connect(Peer)
+    bad = http2.frame(http2.HEADERS, http2.END_HEADERS | http2.END_STREAM, 1, hpack.encode(fields))
+    peer.write(RAW_START + bad + raw_headers(3, b"/fine"))
+    frames = await peer.frames_until(lambda frames: 3 in trailers_seen(frames))
+    assert (http2.RST_STREAM, 0, 1, struct.pack(">L", http2.PROTOCOL_ERROR)) in frames
+    assert [r.stream_id for r in harness.requests] == [3]
+
+
+async def test_a_body_that_differs_from_its_content_length_fails_its_stream(
+    harness: Harness,
+) -> None:
+    await harness.serve()
+    peer = await harness.connect(Peer)
+    fields = [*request_fields(b"/"), (b"content-length", b"10")]
+    peer.write(
+        RAW_START
+        + http2.frame(http2.HEADERS, http2.END_HEADERS, 1, hpack.encode(fields))
+        + http2.frame(http2.DATA, http2.END_STREAM, 1, b"short")
+    )
+    protocol_error = (http2.RST_STREAM, 0, 1, struct.pack(">L", http2.PROTOCOL_ERROR))
+    await peer.frames_until(lambda frames: protocol_error in frames)
+    assert not harness.requests
+
+
+STREAM_STATE_ERRORS = {  # frames on streams in the wrong state: the connection's error code
+    "lower-stream-id": (raw_headers(5, b"/a") + raw_headers(3, b"/b"), http2.PROTOCOL_ERROR),
+    "window-update-on-idle": (window_update(7, 1), http2.PROTOCOL_ERROR),
+    "goaway-on-a-stream": (http2.frame(http2.GOAWAY, 0, 1, b"\0" * 8), http2.PROTOCOL_ERROR),
+    "settings-ack-with-payload": (
+        http2.frame(http2.SETTINGS, http2.ACK, 0, b"\0" * 6),
+        http2.FRAME_SIZE_ERROR,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("sent", "code"), STREAM_STATE_ERRORS.values(), ids=STREAM_STATE_ERRORS.keys()
+)
+async def test_frames_in_the_wrong_state_end_the_connection(
+    harness: Harness, sent: bytes, code: int
+) -> None:
+    await harness.serve()
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START + sent)
+    frames = await peer.frames_until(None)
+    assert goaway(frames)[1] == code
+
+
+async def test_data_on_a_stream_that_ended_is_stream_closed(harness: Harness) -> None:
+    await harness.serve()
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START + raw_headers(1, b"/a"))
+    await peer.frames_until(lambda frames: 1 in trailers_seen(frames))
+    peer.write(http2.frame(http2.DATA, 0, 1, b"late"))
+    frames = await peer.frames_until(None)
+    assert goaway(frames)[1] == http2.STREAM_CLOSED
