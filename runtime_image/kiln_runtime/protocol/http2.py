@@ -72,6 +72,9 @@ HEADER_BLOCK_FACTOR = 2
 WRITE_HIGH_WATER = 1 << 20  # bytes in the socket's send buffer before pause_writing
 FLOOD_BURST_SECONDS = 10.0  # each flood budget holds this many seconds of its rate
 TICK_SECONDS = 1.0  # how often a connection checks its timeouts
+# Calls one connection may start per event-loop turn: the rest of what it sent waits for the
+# next turn (its socket unread meanwhile), so other connections' calls interleave with a flood.
+CALLS_PER_TURN = 32
 
 _FRAME_HEADER = struct.Struct(">BHBBL")  # length is 24 bits: high byte + low 16 bits
 
@@ -289,6 +292,8 @@ class Http2Connection(asyncio.Protocol):
         self._parked = 0  # of which response bytes
         self._write_paused = False
         self._read_paused = False
+        self._turn_calls = 0  # calls started in this turn's parse
+        self._backlog = False  # frames left unparsed for the next turn
         self._resets = _FloodBudget(limits.resets_per_second)
         self._empty_frames = _FloodBudget(limits.empty_frames_per_second)
         self._control_frames = _FloodBudget(limits.control_frames_per_second)
@@ -334,6 +339,7 @@ class Http2Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
+        self._turn_calls = 0
         try:
             self._parse()
         except ProtocolViolation as error:
@@ -396,7 +402,7 @@ class Http2Connection(asyncio.Protocol):
         """Stop reading the socket while congested (the peer's requests wait in TCP)."""
         if self._transport is None:
             return
-        congested = self._congested()
+        congested = self._congested() or self._backlog
         if congested and not self._read_paused:
             self._transport.pause_reading()
             self._read_paused = True
@@ -405,6 +411,13 @@ class Http2Connection(asyncio.Protocol):
             self._read_paused = False
             if self._buffer:  # frames that arrived before the pause
                 self._loop.call_soon(self.data_received, b"")
+
+    def _next_turn(self) -> None:
+        """Parse what a previous turn left (``CALLS_PER_TURN``), then read the socket again."""
+        self._backlog = False
+        if self._transport is not None:
+            self.data_received(b"")
+            self._update_reading()
 
     def _reopen_window(self) -> None:
         """Give the peer back connection window for what was consumed, within the budgets."""
@@ -476,8 +489,13 @@ class Http2Connection(asyncio.Protocol):
             payload = bytes(buffer[pos + 9 : pos + 9 + length])
             pos += 9 + length
             self._frame(kind, flags, stream_id & 0x7FFFFFFF, payload)
-            if self._transport is None or self._read_paused:
-                break  # what is left stays buffered until reading resumes
+            if self._transport is None or self._congested():
+                break  # what is left stays buffered until the peer catches up
+            if self._turn_calls >= CALLS_PER_TURN and end - pos >= 9:
+                self._backlog = True  # the rest in a later turn, after other connections
+                self._loop.call_soon(self._next_turn)
+                self._update_reading()
+                break
         del buffer[:pos]
 
     def _flood(self, budget: _FloodBudget, what: str) -> None:
@@ -768,6 +786,7 @@ class Http2Connection(asyncio.Protocol):
         if stream.dispatched:
             return
         stream.dispatched = True
+        self._turn_calls += 1
         if self._congested():
             self._queued[stream.request.stream_id] = stream  # started when the peer catches up
             self._update_reading()

@@ -411,3 +411,28 @@ async def test_data_on_a_stream_that_ended_is_stream_closed(harness: Harness) ->
     peer.write(http2.frame(http2.DATA, 0, 1, b"late"))
     frames = await peer.frames_until(None)
     assert goaway(frames)[1] == http2.STREAM_CLOSED
+
+
+async def test_a_burst_of_calls_is_started_over_several_turns_and_all_answered(
+    harness: Harness,
+) -> None:
+    turns: set[int] = set()
+    loop_turn = [0]
+
+    def tick() -> None:  # counts event-loop turns until the calls are answered
+        loop_turn[0] += 1
+        if len(harness.requests) < len(calls):
+            asyncio.get_running_loop().call_soon(tick)
+
+    async def handler(request: Request) -> Response:
+        turns.add(loop_turn[0])
+        return await echo(request)
+
+    calls = [2 * i + 1 for i in range(3 * http2.CALLS_PER_TURN)]
+    tick()
+    await harness.serve(handler)
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START + b"".join(raw_headers(sid, b"/burst") for sid in calls))
+    frames = await peer.frames_until(lambda frames: set(calls) <= trailers_seen(frames))
+    assert sum(f[0] == http2.DATA for f in frames) == len(calls)
+    assert len(turns) >= 3  # at most CALLS_PER_TURN started per turn
