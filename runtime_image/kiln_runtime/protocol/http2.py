@@ -394,15 +394,17 @@ class Http2Connection(asyncio.Protocol):
         return False
 
     def _congested(self) -> bool:
-        """No new request may start or be read: the peer does not read its answers. (Request
-        bytes never block a start: answering is what releases them.)"""
+        """No new call may start: the peer does not take its answers. (Request bytes never
+        block a start: answering is what releases them.)"""
         return self._write_paused or self._parked >= self._connection_budget
 
     def _update_reading(self) -> None:
-        """Stop reading the socket while congested (the peer's requests wait in TCP)."""
+        """Stop reading the socket while the peer does not read its own (its requests wait in
+        TCP) or while a burst waits for the next turn. Answers parked for the peer's window
+        do not stop reading: its WINDOW_UPDATE must get through; new calls queue instead."""
         if self._transport is None:
             return
-        congested = self._congested() or self._backlog
+        congested = self._write_paused or self._backlog
         if congested and not self._read_paused:
             self._transport.pause_reading()
             self._read_paused = True
@@ -489,8 +491,8 @@ class Http2Connection(asyncio.Protocol):
             payload = bytes(buffer[pos + 9 : pos + 9 + length])
             pos += 9 + length
             self._frame(kind, flags, stream_id & 0x7FFFFFFF, payload)
-            if self._transport is None or self._congested():
-                break  # what is left stays buffered until the peer catches up
+            if self._transport is None or self._write_paused:
+                break  # what is left stays buffered until the peer reads again
             if self._turn_calls >= CALLS_PER_TURN and end - pos >= 9:
                 self._backlog = True  # the rest in a later turn, after other connections
                 self._loop.call_soon(self._next_turn)

@@ -436,3 +436,25 @@ async def test_a_burst_of_calls_is_started_over_several_turns_and_all_answered(
     frames = await peer.frames_until(lambda frames: set(calls) <= trailers_seen(frames))
     assert sum(f[0] == http2.DATA for f in frames) == len(calls)
     assert len(turns) >= 3  # at most CALLS_PER_TURN started per turn
+
+
+async def test_an_answer_larger_than_the_budget_still_reaches_a_client_that_opens_its_window(
+    harness: Harness,
+) -> None:
+    huge = Response(OK, b"h" * (2 << 20), TRAILERS)  # twice the connection budget
+
+    async def handler(request: Request) -> Response:
+        return huge if request.headers[b":path"] == b"/huge" else await echo(request)
+
+    await harness.serve(handler, max_body=1000, limits=Http2Limits(connection_buffer_bytes=1))
+    peer = await harness.connect(Peer)
+    peer.write(http2.PREFACE + settings(initial_window=0) + raw_headers(1, b"/huge"))
+    await asyncio.sleep(0.1)  # parked: the connection starts no new call
+    peer.write(raw_headers(3, b"/small"))  # queued, not lost
+    await asyncio.sleep(0.1)
+    assert [r.stream_id for r in harness.requests] == [1]
+    # The client's window opening must still be read while the answer is parked.
+    peer.write(settings(initial_window=4 << 20) + window_update(0, 4 << 20))
+    frames = await peer.frames_until(lambda frames: {1, 3} <= trailers_seen(frames))
+    assert sum(len(f[3]) for f in frames if f[0] == http2.DATA and f[2] == 1) == 2 << 20
+    assert harness.budget.used == 0
