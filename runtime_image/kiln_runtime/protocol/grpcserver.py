@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +68,17 @@ class UnaryMethod:
     call: Callable[[Any, float | None], Awaitable[Any]]
 
 
+@dataclass(frozen=True)
+class StreamMethod:
+    """A streaming method (server-streaming or bidirectional): ``call(messages, send)`` reads
+    request messages from the async iterator ``messages`` as they arrive and answers each
+    with ``send(message)`` (False once the call is gone); it returns when it is done, or
+    raises ``InferError`` (the call then ends with that status)."""
+
+    request_type: Any
+    call: Callable[[AsyncIterator[Any], Callable[[Any], bool]], Awaitable[None]]
+
+
 def grpc_timeout(value: bytes) -> float:
     """Seconds from a ``grpc-timeout`` header (up to 8 digits and a unit)."""
     digits, unit = value[:-1], value[-1:]
@@ -99,6 +110,16 @@ def status_response(code: str, message: str) -> Response:
     )
 
 
+def status_trailers(code: str, message: str) -> bytes:
+    """The trailers ending a call whose headers are already out (a streamed answer)."""
+    return hpack.encode(
+        [
+            (b"grpc-status", b"%d" % STATUS_CODES[code]),
+            (b"grpc-message", percent_encode(message[:1024])),
+        ]
+    )
+
+
 def http_error(status: int) -> Response:
     """An answer to a request that is not gRPC, with a body saying what this server is."""
     return Response(
@@ -112,6 +133,7 @@ class GrpcService:
 
     def __init__(self, service: str, methods: dict[str, UnaryMethod], max_message: int) -> None:
         self._methods: dict[bytes, UnaryMethod] = {}
+        self._streams: dict[bytes, StreamMethod] = {}
         self.add(service, methods)
         self.max_message = max_message
 
@@ -119,14 +141,24 @@ class GrpcService:
         """Serve another service's methods on the same port (e.g. ``grpc.health.v1.Health``)."""
         self._methods.update({f"/{service}/{name}".encode(): m for name, m in methods.items()})
 
+    def add_streaming(self, service: str, methods: dict[str, StreamMethod]) -> None:
+        self._streams.update({f"/{service}/{name}".encode(): m for name, m in methods.items()})
+
+    def streaming(self, headers: dict[bytes, bytes]) -> bool:
+        """A call to a streaming method: the transport hands it on from its headers."""
+        return headers.get(b":path", b"") in self._streams and self._is_grpc(headers)
+
+    @staticmethod
+    def _is_grpc(headers: dict[bytes, bytes]) -> bool:
+        return headers.get(b":method") == b"POST" and headers.get(b"content-type", b"").startswith(
+            b"application/grpc"
+        )
+
     def answers_early(self, headers: dict[bytes, bytes]) -> bool:
         """A gRPC call to a method this service does not serve: answered before its body
         (other requests are answered, with an HTTP error, once complete)."""
-        return (
-            headers.get(b":method") == b"POST"
-            and headers.get(b"content-type", b"").startswith(b"application/grpc")
-            and headers.get(b":path", b"") not in self._methods
-        )
+        path = headers.get(b":path", b"")
+        return self._is_grpc(headers) and path not in self._methods and path not in self._streams
 
     async def handle(self, request: Request) -> Response:
         if request.headers_too_large:  # grpc-go's answer: the call fails, the channel lives
@@ -137,6 +169,9 @@ class GrpcService:
         if not headers.get(b"content-type", b"").startswith(b"application/grpc"):
             return http_error(415)
         path = headers.get(b":path", b"")
+        streamed = self._streams.get(path)
+        if streamed is not None and request.send is not None:
+            return await self._stream(request, streamed)
         method = self._methods.get(path)
         if method is None:
             return status_response("UNIMPLEMENTED", f"unknown method {path.decode('latin-1')}")
@@ -162,6 +197,51 @@ class GrpcService:
         return Response(
             _OK_HEADERS, b"\0" + len(payload).to_bytes(4, "big") + payload, _OK_TRAILERS
         )
+
+    async def _stream(self, request: Request, method: StreamMethod) -> Response:
+        send = request.send
+        assert send is not None
+
+        def answer(message: Any) -> bool:
+            payload: bytes = message.SerializeToString()
+            return send(_OK_HEADERS, b"\0" + len(payload).to_bytes(4, "big") + payload)
+
+        try:
+            await method.call(self._messages(request, method.request_type), answer)
+        except errors.InferError as error:
+            trailers = status_trailers(error.kind.mapping.grpc_code, error.message)
+        except _Refused as refused:
+            trailers = status_trailers(refused.code, str(refused))
+        else:
+            trailers = _OK_TRAILERS
+        return Response(_OK_HEADERS, b"", trailers)
+
+    async def _messages(self, request: Request, request_type: Any) -> AsyncIterator[Any]:
+        """A streamed request's messages, each as soon as it is complete."""
+        arrived = request.arrived
+        assert arrived is not None
+        buffer = b""
+        while True:
+            if request.chunks:
+                buffer += b"".join(request.chunks)
+                request.chunks.clear()
+            if len(buffer) >= 5 and len(buffer) >= 5 + int.from_bytes(buffer[1:5], "big"):
+                end = 5 + int.from_bytes(buffer[1:5], "big")
+                message, buffer = buffer[:end], buffer[end:]
+                yield await self._unframe_one(message, request, request_type)
+                continue
+            if request.ended:
+                if buffer:
+                    raise errors.invalid("the stream ends inside a gRPC message")
+                return
+            if request.too_large:
+                raise _Refused("RESOURCE_EXHAUSTED", "the stream exceeds its size limit")
+            arrived.clear()
+            await arrived.wait()
+
+    async def _unframe_one(self, framed: bytes, request: Request, request_type: Any) -> Any:
+        one = Request(request.stream_id, request.headers, [framed], len(framed))
+        return await self._unframe(one, request_type)
 
     async def _unframe(self, request: Request, request_type: Any) -> Any:
         body = request.body
@@ -230,6 +310,7 @@ class GrpcServer:
                 service.handle, service.max_message, self._connections,
                 self._max_connection_age, self._max_age_grace,
                 limits=self._limits, budget=self.budget, answers_early=service.answers_early,
+                streaming=service.streaming,
             ),
             host, port, backlog=1024,
         )  # fmt: skip

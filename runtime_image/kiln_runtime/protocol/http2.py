@@ -27,6 +27,7 @@ Out of scope, because unary gRPC never needs them: server push, priorities (igno
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import struct
@@ -129,6 +130,13 @@ class Request:
     size: int = 0
     too_large: bool = False  # the body passed the limit; what arrived of it was dropped
     headers_too_large: bool = False  # the header list passed the limit; ``headers`` is empty
+    # A streamed request (``Streaming``) is handed on from its headers: ``chunks`` grows as its
+    # body arrives (``arrived`` is set each time), ``ended`` once the client half-closed, and
+    # ``send(headers, data)`` writes answer data before the final Response (False: the
+    # stream is gone).
+    arrived: asyncio.Event | None = None
+    ended: bool = False
+    send: Callable[[bytes, bytes], bool] | None = None
 
     @property
     def body(self) -> bytes:
@@ -149,6 +157,8 @@ Handler = Callable[[Request], Awaitable[Response]]
 # Whether a request is answered from its headers alone, without waiting for its body: gRPC's
 # unknown (e.g. streaming) methods get UNIMPLEMENTED at once, not when the client half-closes.
 AnswersEarly = Callable[[dict[bytes, bytes]], bool]
+# Whether a request is streamed (server-streaming or bidirectional gRPC methods).
+Streaming = Callable[[dict[bytes, bytes]], bool]
 
 
 @dataclass
@@ -162,6 +172,9 @@ class _Stream:
     received: int = 0  # body bytes received (unpadded), against content-length
     content_length: int | None = None
     buffered: int = 0  # request bytes this stream holds of the connection's budget
+    parked: int = 0  # answer bytes this stream holds, waiting for the peer
+    headers_sent: bool = False  # a streamed answer's headers are out
+    open_ended: bool = False  # a streamed answer: more data may follow what is pending
     task: asyncio.Task[None] | None = None
     pending: memoryview | None = None  # response data waiting for the peer's window
     pending_trailers: bytes | None = None
@@ -255,10 +268,12 @@ class Http2Connection(asyncio.Protocol):
         limits: Http2Limits | None = None,
         budget: MemoryBudget | None = None,
         answers_early: AnswersEarly | None = None,
+        streaming: Streaming | None = None,
     ) -> None:
         limits = limits or Http2Limits()
         self._handler = handler
         self._answers_early = answers_early
+        self._streaming = streaming
         self._max_age = max_age
         self._max_age_grace = max_age_grace
         self._limits = limits
@@ -611,7 +626,7 @@ class Http2Connection(asyncio.Protocol):
         if stream.unacked > STREAM_WINDOW:
             raise ProtocolViolation(FLOW_CONTROL_ERROR, f"stream {stream_id} window exceeded")
         request = stream.request
-        if not stream.dispatched:  # once answering (early, or too large), the body is dropped
+        if not stream.dispatched or request.arrived is not None:  # else answered: dropped
             request.size += len(data)
             if request.size > self._max_body:
                 request.too_large = True
@@ -625,7 +640,10 @@ class Http2Connection(asyncio.Protocol):
         self._reopen_window()  # padding and dropped bytes are consumed at once
         if flags & END_STREAM:
             stream.remote_closed = True
+            request.ended = True
             self._dispatch(stream)
+        if request.arrived is not None:
+            request.arrived.set()
         elif stream.unacked >= STREAM_WINDOW // 2:
             # The stream's own window reopens as its body arrives (the request is consumed
             # whole, up to the body limit); the connection's window bounds the memory.
@@ -681,6 +699,9 @@ class Http2Connection(asyncio.Protocol):
                 self._reset(stream, PROTOCOL_ERROR)
             else:
                 stream.remote_closed = True
+                stream.request.ended = True
+                if stream.request.arrived is not None:
+                    stream.request.arrived.set()
                 self._dispatch(stream)
             return
         if stream_id <= self._last_stream_id:
@@ -703,13 +724,21 @@ class Http2Connection(asyncio.Protocol):
                 return
             stream.content_length = int(length)
         self._streams[stream_id] = stream
+        if not oversized and self._streaming is not None and self._streaming(headers):
+            request.arrived = asyncio.Event()
+            request.send = functools.partial(self._send_message, stream)
         if flags & END_STREAM:
             stream.remote_closed = True
+            request.ended = True
             if stream.content_length:
                 self._reset(stream, PROTOCOL_ERROR)  # a body was announced, none came
                 return
             self._dispatch(stream)
-        elif oversized or (self._answers_early is not None and self._answers_early(headers)):
+        elif (
+            request.arrived is not None
+            or oversized
+            or (self._answers_early is not None and self._answers_early(headers))
+        ):
             self._dispatch(stream)  # answered at once; the body that follows is discarded
 
     def _on_settings(self, flags: int, stream_id: int, payload: bytes) -> None:
@@ -831,17 +860,44 @@ class Http2Connection(asyncio.Protocol):
             # either is dropped rather than held (each call started below the budget).
             self._reset(stream, ENHANCE_YOUR_CALM)
             return
+        stream.open_ended = False
+        if stream.headers_sent:  # a streamed answer: its end
+            self._queue_data(stream, response.data)
+            stream.pending_trailers = response.trailers
+            self._send_pending(stream)
+            return
         ends = not response.data and response.trailers is None
         self._header_frames(stream_id, response.headers, END_STREAM if ends else 0)
         if ends:
             self._finish(stream)
             return
-        stream.pending = memoryview(response.data)
+        self._queue_data(stream, response.data)
         stream.pending_trailers = response.trailers
-        self._hold(len(response.data))  # until it is handed to the socket
-        self._parked += len(response.data)
-        stream.buffered = len(response.data)
         self._send_pending(stream)
+
+    def _queue_data(self, stream: _Stream, data: bytes) -> None:
+        """Answer bytes held (and charged to the budgets) until they go to the socket."""
+        if stream.pending is not None and len(stream.pending):
+            data = bytes(stream.pending) + data
+        stream.pending = memoryview(data)
+        added = len(data) - stream.parked
+        stream.parked = len(data)
+        self._parked += added
+        self._hold(added)
+
+    def _send_message(self, stream: _Stream, headers: bytes, data: bytes) -> bool:
+        """A streamed answer's next data (its headers first); ``Request.send``."""
+        stream_id = stream.request.stream_id
+        if self._streams.get(stream_id) is not stream:
+            return False
+        if not stream.headers_sent:
+            stream.headers_sent = True
+            self._header_frames(stream_id, headers, 0)
+        stream.open_ended = True
+        self._queue_data(stream, data)
+        self._send_pending(stream)
+        self._flush()
+        return True
 
     def _header_frames(self, stream_id: int, block: bytes, flags: int) -> None:
         limit = self._peer_max_frame
@@ -870,6 +926,7 @@ class Http2Connection(asyncio.Protocol):
                 self._unhold(stream, sent)
                 return
             last = sent + size == len(data) and stream.pending_trailers is None
+            last = last and not stream.open_ended
             self._out.append(
                 frame(DATA, END_STREAM if last else 0, stream_id, bytes(data[sent : sent + size]))
             )
@@ -879,6 +936,10 @@ class Http2Connection(asyncio.Protocol):
         stream.pending = None
         self._blocked.pop(stream_id, None)
         self._unhold(stream, sent)
+        if stream.open_ended:
+            return  # more of a streamed answer will follow
+        if not data and stream.pending_trailers is None:  # a streamed answer ends bare
+            self._out.append(frame(DATA, END_STREAM, stream_id))
         if stream.pending_trailers is not None:
             self._header_frames(stream_id, stream.pending_trailers, END_STREAM)
         self._finish(stream)
@@ -886,7 +947,7 @@ class Http2Connection(asyncio.Protocol):
     def _unhold(self, stream: _Stream, size: int) -> None:
         """``size`` bytes of a parked response went to the socket (bounded by pause_writing)."""
         if size:
-            stream.buffered -= size
+            stream.parked -= size
             self._parked -= size
             self._hold(-size)
 
@@ -906,11 +967,10 @@ class Http2Connection(asyncio.Protocol):
         self._streams.pop(stream_id, None)
         self._blocked.pop(stream_id, None)
         self._queued.pop(stream_id, None)
-        if stream.buffered:
-            if stream.pending is not None:
-                self._parked -= stream.buffered
-            self._hold(-stream.buffered)
-            stream.buffered = 0
+        if stream.buffered or stream.parked:
+            self._parked -= stream.parked
+            self._hold(-(stream.buffered + stream.parked))
+            stream.buffered = stream.parked = 0
             self._reopen_window()
             self._start_queued()
             self._update_reading()

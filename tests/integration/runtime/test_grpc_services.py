@@ -79,11 +79,17 @@ def test_streaming_methods_are_unimplemented_at_once(channel: grpc.Channel) -> N
     assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert time.monotonic() - started < 5
 
+
+def test_health_watch_streams_the_status(channel: grpc.Channel) -> None:
     watch = channel.unary_stream(
         "/grpc.health.v1.Health/Watch",
         request_serializer=health.HealthCheckRequest.SerializeToString,
         response_deserializer=health.HealthCheckResponse.FromString,
     )
-    with pytest.raises(grpc.RpcError) as failed:
-        next(iter(watch(health.HealthCheckRequest(), timeout=5)))
-    assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    updates = watch(health.HealthCheckRequest(), timeout=10)
+    assert next(updates).status == health.SERVING
+    updates.cancel()  # the stream stays open until the client leaves
+    unknown = watch(health.HealthCheckRequest(service="no.such.Service"), timeout=10)
+    assert next(unknown).status == health.SERVICE_UNKNOWN
+    unknown.cancel()
+    assert check(channel, "") == health.SERVING  # the channel still serves
