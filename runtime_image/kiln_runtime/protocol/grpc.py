@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 from kiln_runtime import __version__, errors
 from kiln_runtime.dataplane import DataPlane
 from kiln_runtime.datatypes import from_json_values
-from kiln_runtime.protocol import health
+from kiln_runtime.protocol import health, reflection
 from kiln_runtime.protocol.grpcserver import GrpcService, StreamMethod, UnaryMethod
 from kiln_runtime.protocol.types import (
     InferRequest,
@@ -134,6 +134,12 @@ class InferenceServicer:
         service.add_streaming(
             health.SERVICE, {"Watch": StreamMethod(health.HealthCheckRequest, self.watch)}
         )
+        names = [SERVICE, health.SERVICE, *(f"{p}.ServerReflection" for p in reflection.PACKAGES)]
+        files = [service_pb2.DESCRIPTOR, health.DESCRIPTOR, *reflection.DESCRIPTORS]
+        reflecting = reflection.Reflection(names, files)
+        for package in reflection.PACKAGES:
+            info = StreamMethod(reflection.request_type(package), reflecting.method(package))
+            service.add_streaming(f"{package}.ServerReflection", {"ServerReflectionInfo": info})
         return service
 
     def _status(self, name: str) -> int:

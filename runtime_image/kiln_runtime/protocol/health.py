@@ -44,6 +44,8 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
 
 
 FILE = _file()
-_classes = message_factory.GetMessages([FILE], pool=descriptor_pool.DescriptorPool())
+_pool = descriptor_pool.DescriptorPool()
+_classes = message_factory.GetMessages([FILE], pool=_pool)
+DESCRIPTOR = _pool.FindFileByName(FILE.name)  # what server reflection describes
 HealthCheckRequest: Any = _classes["grpc.health.v1.HealthCheckRequest"]
 HealthCheckResponse: Any = _classes["grpc.health.v1.HealthCheckResponse"]

@@ -1,9 +1,12 @@
 """The standard gRPC services and behaviours third-party clients rely on, through grpcio's own
-client against a real runtime process: grpc.health.v1.Health, gzip-compressed messages, and
-UNIMPLEMENTED at once for methods the runtime does not serve (streaming ones included)."""
+client and grpcurl against a real runtime process: grpc.health.v1.Health (Check and Watch),
+server reflection, gzip-compressed messages, and UNIMPLEMENTED at once for methods the runtime
+does not serve (streaming ones included)."""
 
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -12,6 +15,7 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.grpc import service_pb2
 
 from kiln_runtime.protocol import health
+from tests.integration.conftest import missing_component
 
 from .conftest import ModelFactory
 from .runtime_process import Runtime, running
@@ -93,3 +97,42 @@ def test_health_watch_streams_the_status(channel: grpc.Channel) -> None:
     assert next(unknown).status == health.SERVICE_UNKNOWN
     unknown.cancel()
     assert check(channel, "") == health.SERVING  # the channel still serves
+
+
+GO_TOOL = Path(__file__).parents[3] / "runtime_image" / "tools" / "go-tool.sh"
+
+
+@pytest.fixture(scope="module")
+def grpcurl() -> str:
+    built = subprocess.run(
+        ["bash", str(GO_TOOL), "grpcurl"], check=False, capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
+    if built.returncode != 0:
+        missing_component(f"grpcurl could not be built: {built.stderr[-2000:]}")
+    return built.stdout.strip()
+
+
+def test_grpcurl_lists_describes_and_calls_through_reflection(
+    grpcurl: str, runtime: Runtime
+) -> None:
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [grpcurl, "-plaintext", "-max-time", "10", *args, runtime.grpc_url], check=True,
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        return done.stdout
+
+    assert run("list").split() == [
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+        "inference.GRPCInferenceService",
+    ]
+    assert "rpc ModelInfer" in run("describe", "inference.GRPCInferenceService")
+    ready = subprocess.run(
+        [grpcurl, "-plaintext", "-max-time", "10", runtime.grpc_url,
+         "inference.GRPCInferenceService/ServerReady"],
+        check=True, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert '"ready": true' in ready.stdout
