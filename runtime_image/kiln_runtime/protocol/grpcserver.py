@@ -1,4 +1,4 @@
-"""gRPC over HTTP/2 for unary methods: message framing, deadlines, status trailers.
+"""gRPC over HTTP/2: message framing, deadlines, status trailers; unary and streaming methods.
 
 The transport under ``grpc.InferenceServicer`` (as ``httpserver`` is under ``rest``): it routes
 ``:path`` to a method, unframes the one length-prefixed protobuf message, reads
@@ -7,7 +7,8 @@ HTTP/2 protocol specifies, so grpcio clients (``tritonclient.grpc``) and h2load 
 server. It accepts gzip-compressed messages (announced in ``grpc-accept-encoding``; the
 inflated size is bounded by the message limit, and large messages inflate off the event loop)
 and answers uncompressed, which every client accepts. A call to a method it does not serve
-(streaming ones included) gets UNIMPLEMENTED from its headers, without waiting for its body.
+gets UNIMPLEMENTED from its headers, without waiting for its body. Streaming methods
+(``StreamMethod``) read messages as they arrive and send answers as they go.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A lean HTTP/2 server connection (RFC 9113) for unary request/response exchanges: gRPC's.
+"""A lean HTTP/2 server connection (RFC 9113) for gRPC's exchanges, unary ones first.
 
 Why not grpcio's server: on one core it answers at most 3,000-3,500 empty calls per second
 (``bench/grpc_floor.py``), less than the runtime's HTTP/1.1 path answers with a model behind
@@ -7,8 +7,10 @@ decodes headers with ``hpack``, hands each complete request to a handler, and wr
 answer (headers, data, trailers) in one write. It keeps what an HTTP/2 peer relies on: the
 SETTINGS exchange, flow control in both directions (a response larger than the client's window
 waits for its WINDOW_UPDATE), PING, RST_STREAM (the request's task is cancelled), a stream
-limit, GOAWAY on shutdown and on protocol errors. It serves prior-knowledge cleartext HTTP/2
-(``h2c``), which is what gRPC clients speak without TLS.
+limit, GOAWAY on shutdown and on protocol errors, the request checks of RFC 9113 8.2-8.3 (h2spec
+passes in full). It serves prior-knowledge cleartext HTTP/2 (``h2c``), which is what gRPC
+clients speak without TLS. Streamed calls (``Streaming``: health Watch, reflection) are handed
+on from their headers, their body as it arrives, and may send data before their end.
 
 Every input is bounded (``config.Http2Limits``): connections per port, the header list (a list
 over the limit fails its own stream, not the connection), memory held per connection and per
@@ -16,12 +18,12 @@ process for request bodies and unsent responses, the time a preface, a header bl
 or an idle connection may take, and flood budgets for resets, empty frames and control
 frames, which end in GOAWAY ENHANCE_YOUR_CALM as Go, nginx and Envoy do. Memory stays within
 the budgets through flow control: the connection's receive window is reopened only as
-buffered requests are consumed (answered), and a response the client does not read (its
-window closed, or its TCP not read: ``pause_writing``) parks the connection: no new request is
-read or started until the client catches up.
+buffered requests are consumed (answered); answers the client does not take (its window
+closed, or its TCP not read: ``pause_writing``) are held within the budget while no new call
+starts (and, with its TCP unread, its socket is not read either).
 
-Out of scope, because unary gRPC never needs them: server push, priorities (ignored, as RFC
-9113 allows), streaming responses, HTTP/1.1 upgrade.
+Out of scope, because gRPC never needs them: server push, priorities (checked, then ignored, as
+RFC 9113 allows), HTTP/1.1 upgrade.
 """
 
 from __future__ import annotations
