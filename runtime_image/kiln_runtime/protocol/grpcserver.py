@@ -142,6 +142,15 @@ class GrpcService:
         """Serve another service's methods on the same port (e.g. ``grpc.health.v1.Health``)."""
         self._methods.update({f"/{service}/{name}".encode(): m for name, m in methods.items()})
 
+    @property
+    def unary_methods(self) -> dict[bytes, UnaryMethod]:
+        """Each unary method by its ``:path`` (for another transport: ``grpcio_server``)."""
+        return dict(self._methods)
+
+    @property
+    def streaming_methods(self) -> dict[bytes, StreamMethod]:
+        return dict(self._streams)
+
     def add_streaming(self, service: str, methods: dict[str, StreamMethod]) -> None:
         self._streams.update({f"/{service}/{name}".encode(): m for name, m in methods.items()})
 
