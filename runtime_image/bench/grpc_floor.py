@@ -15,7 +15,9 @@ Variants: ``aio`` (grpc.aio, request parsed and response serialised by protobuf)
 loop in another thread and waited for, as a sync server in front of the runtime's asyncio data
 plane would have to), and ``aio-uvloop`` when ``uvloop`` is importable (it is not a runtime
 dependency: put it on ``PYTHONPATH`` from a scratch directory), and ``kiln`` (the runtime's own
-transport, ``kiln_runtime.protocol.grpcserver``, with the same constant answer).
+transport, ``kiln_runtime.protocol.grpcserver``, with the same constant answer), and ``h2``
+(the same service over python-hyper's ``h2`` state machine, ``bench.h2_transport``: the
+transport decision's A/B; run them interleaved with ``--variants kiln h2 --repeat N``).
 
     cd runtime_image && python -m bench.grpc_floor [--seconds 5] [--clients 16] [--repeat 1]
 """
@@ -43,7 +45,7 @@ from bench import loadgen, servers
 SERVER_CORE = 0
 CLIENT_CORE = 1
 SERVICE = "inference.GRPCInferenceService"
-VARIANTS = ("kiln", "aio", "aio-bytes", "sync", "sync-bridge", "aio-uvloop")
+VARIANTS = ("kiln", "h2", "aio", "aio-bytes", "sync", "sync-bridge", "aio-uvloop")
 
 
 def _response() -> Any:
@@ -89,7 +91,7 @@ def _handler(variant: str, asynchronous: bool) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE, {"ModelInfer": method})
 
 
-async def _serve_kiln(port: int) -> None:
+async def _serve_kiln(port: int, transport: str) -> None:
     from kiln_runtime.protocol.grpcserver import GrpcServer, GrpcService, UnaryMethod
 
     reply = _response()
@@ -98,16 +100,22 @@ async def _serve_kiln(port: int) -> None:
         return reply
 
     methods = {"ModelInfer": UnaryMethod(service_pb2.ModelInferRequest, infer)}
-    server = GrpcServer(GrpcService(SERVICE, methods, max_message=1 << 20))
-    await server.start(servers.HOST, port)
+    service = GrpcService(SERVICE, methods, max_message=1 << 20)
+    if transport == "h2":
+        from bench.h2_transport import H2Connection
+
+        loop = asyncio.get_running_loop()
+        await loop.create_server(lambda: H2Connection(service.handle), servers.HOST, port)
+    else:
+        await GrpcServer(service).start(servers.HOST, port)
     print("ready", flush=True)
     await asyncio.Event().wait()
 
 
 def serve(variant: str, port: int) -> None:
     """Run one variant until killed (the driver starts this in a pinned subprocess)."""
-    if variant == "kiln":
-        asyncio.run(_serve_kiln(port))
+    if variant in {"kiln", "h2"}:
+        asyncio.run(_serve_kiln(port, variant))
         return
     address = f"{servers.HOST}:{port}"
     if variant.startswith("sync"):

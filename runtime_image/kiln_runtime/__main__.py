@@ -43,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
     serve.add_argument(
+        "--grpc-transport", choices=("kiln", "grpcio"), default="kiln",
+        help="kiln: the runtime's own HTTP/2 (fast); grpcio: grpcio's server (TLS, streaming)",
+    )  # fmt: skip
+    serve.add_argument(
         "--torch-threads",
         type=int,
         default=None,
@@ -96,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
+        grpc_transport=args.grpc_transport,
         torch_threads=args.torch_threads or default_torch_threads(),
     )
     return asyncio.run(serve(options))

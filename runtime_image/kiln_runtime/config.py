@@ -144,6 +144,27 @@ def _http_document(limits: HttpLimits) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Http2Limits:
+    """What one client may cost the gRPC port (HTTP/2): connections, time, memory, floods.
+
+    Each limit is what production HTTP/2 servers (Go, nginx, Envoy) bound; ``docs/runtime.md``
+    lists what a client sees when it trips one.
+    """
+
+    max_connections: int = 1024  # per port; excess connections are closed at accept
+    max_concurrent_streams: int = 128  # SETTINGS_MAX_CONCURRENT_STREAMS; more are refused
+    max_header_list_size: int = 16 << 10  # a larger request header list fails its stream only
+    connection_buffer_bytes: int = 64 << 20  # requests and responses held for one connection
+    process_buffer_bytes: int = 512 << 20  # the same, summed over every connection
+    idle_timeout_seconds: float = 300.0  # no open stream for this long: GOAWAY and close
+    header_timeout_seconds: float = 10.0  # the preface, and each header block, must arrive within
+    body_timeout_seconds: float = 60.0  # a request body must arrive within this of its headers
+    resets_per_second: float = 100.0  # client RST_STREAMs (burst: 10 s worth), CVE-2023-44487
+    empty_frames_per_second: float = 10.0  # empty DATA/CONTINUATION frames (burst: 10 s worth)
+    control_frames_per_second: float = 100.0  # PING and SETTINGS (burst: 10 s worth)
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     model: ModelSpec
     optimization: OptimizationConfig = field(default_factory=OptimizationConfig)
@@ -152,6 +173,7 @@ class RuntimeConfig:
     drain: DrainConfig = field(default_factory=DrainConfig)
     connections: ConnectionsConfig = field(default_factory=ConnectionsConfig)
     http: HttpLimits = field(default_factory=HttpLimits)
+    http2: Http2Limits = field(default_factory=Http2Limits)
 
     def max_request_bytes(self) -> int:
         """The largest request body accepted: the biggest batch as JSON text, with headroom.
@@ -176,7 +198,7 @@ class RuntimeConfig:
         return tuple(sizes) if sizes else (1,)
 
 
-SECTIONS = {"model", "optimization", "batching", "warmup", "drain", "connections", "http"}
+SECTIONS = {"model", "optimization", "batching", "warmup", "drain", "connections", "http", "http2"}
 log = logging.getLogger(__name__)
 
 
@@ -314,7 +336,43 @@ def parse_config(document: Any, model_name: str | None = None) -> RuntimeConfig:
     return RuntimeConfig(
         model=spec, optimization=optimization, batching=batching, warmup=warmup, drain=drain,
         connections=connections, http=_http_limits(root.get("http", {})),
+        http2=_http2_limits(root.get("http2", {})),
     )  # fmt: skip
+
+
+# The http2 section: each key, its Http2Limits field, and whether it counts (int) or measures.
+HTTP2_KEYS = {
+    "maxConnections": ("max_connections", int),
+    "maxConcurrentStreams": ("max_concurrent_streams", int),
+    "maxHeaderListSize": ("max_header_list_size", int),
+    "connectionBufferBytes": ("connection_buffer_bytes", int),
+    "processBufferBytes": ("process_buffer_bytes", int),
+    "idleTimeoutSeconds": ("idle_timeout_seconds", float),
+    "headerTimeoutSeconds": ("header_timeout_seconds", float),
+    "bodyTimeoutSeconds": ("body_timeout_seconds", float),
+    "resetsPerSecond": ("resets_per_second", float),
+    "emptyFramesPerSecond": ("empty_frames_per_second", float),
+    "controlFramesPerSecond": ("control_frames_per_second", float),
+}
+
+
+def _http2_limits(value: Any) -> Http2Limits:
+    section = _object(value, "http2", set(HTTP2_KEYS))
+    fields: dict[str, Any] = {}
+    for key, (name, kind) in HTTP2_KEYS.items():
+        if key in section:
+            where = f"http2.{key}"
+            fields[name] = (
+                _int(section[key], where, 1)
+                if kind is int
+                else _seconds(section[key], where, 0.001)
+            )
+    limits = Http2Limits(**fields)
+    if limits.max_header_list_size > 1 << 20:
+        raise ConfigError("http2.maxHeaderListSize: must be at most 1 MiB")
+    if limits.process_buffer_bytes < limits.connection_buffer_bytes:
+        raise ConfigError("http2.processBufferBytes: must be at least http2.connectionBufferBytes")
+    return limits
 
 
 def _seconds(value: Any, where: str, minimum: float) -> float:
@@ -338,7 +396,7 @@ def to_document(config: RuntimeConfig) -> dict[str, Any]:
     def tensors(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
         return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
 
-    return {
+    document: dict[str, Any] = {
         "model": {
             "name": config.model.name,
             "version": config.model.version,
@@ -365,3 +423,8 @@ def to_document(config: RuntimeConfig) -> dict[str, Any]:
         },
         "http": _http_document(config.http),
     }
+    if config.http2 != Http2Limits():  # written only when set, like the operator renders it
+        document["http2"] = {
+            key: getattr(config.http2, name) for key, (name, _) in HTTP2_KEYS.items()
+        }
+    return document

@@ -22,6 +22,7 @@ from kiln_runtime.config import RuntimeConfig
 from kiln_runtime.dataplane import DataPlane
 from kiln_runtime.metrics import RuntimeMetrics
 from kiln_runtime.protocol.grpc import InferenceServicer
+from kiln_runtime.protocol.grpcio_server import GrpcioServer
 from kiln_runtime.protocol.grpcserver import GrpcServer
 from kiln_runtime.protocol.httpserver import HttpServer
 from kiln_runtime.protocol.rest import RestAdapter
@@ -39,6 +40,7 @@ class ServeOptions:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
+    grpc_transport: str = "kiln"  # or "grpcio": grpcio's own server (protocol/grpcio_server.py)
     torch_threads: int | None = None
 
 
@@ -60,10 +62,14 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-model")
     dataplane = DataPlane(config, metrics, executor)
     http = HttpServer(RestAdapter(dataplane))
-    grpc_server = GrpcServer(
+    transport: type[GrpcServer | GrpcioServer] = GrpcServer
+    if options.grpc_transport == "grpcio":
+        transport = GrpcioServer
+    grpc_server = transport(
         InferenceServicer(dataplane).service(),
         max_connection_age=config.connections.max_age_seconds,
         max_age_grace=config.connections.max_age_grace_seconds,
+        limits=config.http2,
     )
     metrics_server, metrics_thread = start_http_server(
         options.metrics_port, addr=options.host, registry=metrics.registry

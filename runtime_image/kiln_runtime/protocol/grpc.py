@@ -7,6 +7,8 @@ and are viewed without copies; typed ``contents`` are accepted too.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
@@ -15,7 +17,8 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 from kiln_runtime import __version__, errors
 from kiln_runtime.dataplane import DataPlane
 from kiln_runtime.datatypes import from_json_values
-from kiln_runtime.protocol.grpcserver import GrpcService, UnaryMethod
+from kiln_runtime.protocol import health, reflection
+from kiln_runtime.protocol.grpcserver import GrpcService, StreamMethod, UnaryMethod
 from kiln_runtime.protocol.types import (
     InferRequest,
     InferResponse,
@@ -37,6 +40,7 @@ _CONTENTS_FIELD = {
 }
 EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 SERVICE = "inference.GRPCInferenceService"
+WATCH_POLL_SECONDS = 0.5
 
 
 def decode_infer(message: Any, max_bytes: int) -> InferRequest:
@@ -125,7 +129,50 @@ class InferenceServicer:
         }
         # The message limit sits above the tensor limit (typed contents and field overhead can
         # outgrow the raw bytes) so that most oversized requests get decode_infer's message.
-        return GrpcService(SERVICE, methods, max_message=2 * self.max_bytes + (1 << 20))
+        service = GrpcService(SERVICE, methods, max_message=2 * self.max_bytes + (1 << 20))
+        service.add(health.SERVICE, {"Check": UnaryMethod(health.HealthCheckRequest, self.check)})
+        service.add_streaming(
+            health.SERVICE, {"Watch": StreamMethod(health.HealthCheckRequest, self.watch)}
+        )
+        names = [SERVICE, health.SERVICE, *(f"{p}.ServerReflection" for p in reflection.PACKAGES)]
+        files = [service_pb2.DESCRIPTOR, health.DESCRIPTOR, *reflection.DESCRIPTORS]
+        reflecting = reflection.Reflection(names, files)
+        for package in reflection.PACKAGES:
+            info = StreamMethod(reflection.request_type(package), reflecting.method(package))
+            service.add_streaming(f"{package}.ServerReflection", {"ServerReflectionInfo": info})
+        return service
+
+    def _status(self, name: str) -> int:
+        if name not in ("", SERVICE):
+            return health.SERVICE_UNKNOWN
+        return health.SERVING if self.dataplane.ready else health.NOT_SERVING
+
+    async def watch(self, messages: AsyncIterator[Any], send: Callable[[Any], bool]) -> None:
+        """grpc.health.v1.Health/Watch: the status at once, then each change (readiness is
+        polled every ``WATCH_POLL_SECONDS``) until the client cancels; an unknown service is
+        SERVICE_UNKNOWN, as the health protocol specifies, not an error."""
+        request = None
+        async for message in messages:
+            request = message
+            break
+        if request is None:
+            raise errors.invalid("Watch needs a HealthCheckRequest")
+        sent = None
+        while True:
+            status = self._status(request.service)
+            if status != sent:
+                if not send(health.HealthCheckResponse(status=status)):
+                    return
+                sent = status
+            await asyncio.sleep(WATCH_POLL_SECONDS)
+
+    async def check(self, request: Any, time_left: float | None) -> Any:
+        """grpc.health.v1.Health/Check: the server (``""``) and its inference service serve
+        when the model is ready (not while loading or draining)."""
+        status = self._status(request.service)
+        if status == health.SERVICE_UNKNOWN:
+            raise errors.not_found(f"unknown service '{request.service}'")
+        return health.HealthCheckResponse(status=status)
 
     async def server_live(self, request: Any, time_left: float | None) -> Any:
         return service_pb2.ServerLiveResponse(live=self.dataplane.live)

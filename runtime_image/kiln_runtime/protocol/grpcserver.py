@@ -1,26 +1,31 @@
-"""gRPC over HTTP/2 for unary methods: message framing, deadlines, status trailers.
+"""gRPC over HTTP/2: message framing, deadlines, status trailers; unary and streaming methods.
 
 The transport under ``grpc.InferenceServicer`` (as ``httpserver`` is under ``rest``): it routes
 ``:path`` to a method, unframes the one length-prefixed protobuf message, reads
 ``grpc-timeout``, and answers with ``grpc-status``/``grpc-message`` trailers as the gRPC
 HTTP/2 protocol specifies, so grpcio clients (``tritonclient.grpc``) and h2load see a gRPC
-server. Compression is not negotiated: the server announces ``identity`` only, which gRPC
-clients honour.
+server. It accepts gzip-compressed messages (announced in ``grpc-accept-encoding``; the
+inflated size is bounded by the message limit, and large messages inflate off the event loop)
+and answers uncompressed, which every client accepts. A call to a method it does not serve
+gets UNIMPLEMENTED from its headers, without waiting for its body. Streaming methods
+(``StreamMethod``) read messages as they arrive and send answers as they go.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from kiln_runtime import errors
+from kiln_runtime.config import Http2Limits
 from kiln_runtime.protocol import hpack
-from kiln_runtime.protocol.http2 import Http2Connection, Request, Response
+from kiln_runtime.protocol.http2 import Http2Connection, MemoryBudget, Request, Response
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +38,13 @@ STATUS_CODES = {
 
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
+ACCEPT_ENCODING = b"identity,gzip"
+# Compressed messages at least this large inflate in a worker thread, not on the event loop.
+INFLATE_OFF_LOOP_BYTES = 64 << 10
+
 _OK_HEADERS = hpack.encode(
     [(b":status", b"200"), (b"content-type", b"application/grpc"),
-     (b"grpc-accept-encoding", b"identity")]
+     (b"grpc-accept-encoding", ACCEPT_ENCODING)]
 )  # fmt: skip
 _OK_TRAILERS = hpack.encode([(b"grpc-status", b"0")])
 
@@ -58,6 +67,17 @@ class UnaryMethod:
 
     request_type: Any
     call: Callable[[Any, float | None], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class StreamMethod:
+    """A streaming method (server-streaming or bidirectional): ``call(messages, send)`` reads
+    request messages from the async iterator ``messages`` as they arrive and answers each
+    with ``send(message)`` (False once the call is gone); it returns when it is done, or
+    raises ``InferError`` (the call then ends with that status)."""
+
+    request_type: Any
+    call: Callable[[AsyncIterator[Any], Callable[[Any], bool]], Awaitable[None]]
 
 
 def grpc_timeout(value: bytes) -> float:
@@ -85,29 +105,83 @@ def status_response(code: str, message: str) -> Response:
                 (b"content-type", b"application/grpc"),
                 (b"grpc-status", b"%d" % STATUS_CODES[code]),
                 (b"grpc-message", percent_encode(message[:1024])),
+                (b"grpc-accept-encoding", ACCEPT_ENCODING),
             ]
         )
     )
 
 
+def status_trailers(code: str, message: str) -> bytes:
+    """The trailers ending a call whose headers are already out (a streamed answer)."""
+    return hpack.encode(
+        [
+            (b"grpc-status", b"%d" % STATUS_CODES[code]),
+            (b"grpc-message", percent_encode(message[:1024])),
+        ]
+    )
+
+
 def http_error(status: int) -> Response:
-    return Response(hpack.encode([(b":status", b"%d" % status)]))
+    """An answer to a request that is not gRPC, with a body saying what this server is."""
+    return Response(
+        hpack.encode([(b":status", b"%d" % status), (b"content-type", b"text/plain")]),
+        b"this is a gRPC server: POST application/grpc\n",
+    )
 
 
 class GrpcService:
-    """Answers the HTTP/2 requests of one gRPC service's unary methods."""
+    """Answers the HTTP/2 requests of gRPC services' unary methods."""
 
     def __init__(self, service: str, methods: dict[str, UnaryMethod], max_message: int) -> None:
-        self._methods = {f"/{service}/{name}".encode(): m for name, m in methods.items()}
+        self._methods: dict[bytes, UnaryMethod] = {}
+        self._streams: dict[bytes, StreamMethod] = {}
+        self.add(service, methods)
         self.max_message = max_message
 
+    def add(self, service: str, methods: dict[str, UnaryMethod]) -> None:
+        """Serve another service's methods on the same port (e.g. ``grpc.health.v1.Health``)."""
+        self._methods.update({f"/{service}/{name}".encode(): m for name, m in methods.items()})
+
+    @property
+    def unary_methods(self) -> dict[bytes, UnaryMethod]:
+        """Each unary method by its ``:path`` (for another transport: ``grpcio_server``)."""
+        return dict(self._methods)
+
+    @property
+    def streaming_methods(self) -> dict[bytes, StreamMethod]:
+        return dict(self._streams)
+
+    def add_streaming(self, service: str, methods: dict[str, StreamMethod]) -> None:
+        self._streams.update({f"/{service}/{name}".encode(): m for name, m in methods.items()})
+
+    def streaming(self, headers: dict[bytes, bytes]) -> bool:
+        """A call to a streaming method: the transport hands it on from its headers."""
+        return headers.get(b":path", b"") in self._streams and self._is_grpc(headers)
+
+    @staticmethod
+    def _is_grpc(headers: dict[bytes, bytes]) -> bool:
+        return headers.get(b":method") == b"POST" and headers.get(b"content-type", b"").startswith(
+            b"application/grpc"
+        )
+
+    def answers_early(self, headers: dict[bytes, bytes]) -> bool:
+        """A gRPC call to a method this service does not serve: answered before its body
+        (other requests are answered, with an HTTP error, once complete)."""
+        path = headers.get(b":path", b"")
+        return self._is_grpc(headers) and path not in self._methods and path not in self._streams
+
     async def handle(self, request: Request) -> Response:
+        if request.headers_too_large:  # grpc-go's answer: the call fails, the channel lives
+            return status_response("RESOURCE_EXHAUSTED", "request metadata exceeds the limit")
         headers = request.headers
         if headers.get(b":method") != b"POST":
             return http_error(405)
         if not headers.get(b"content-type", b"").startswith(b"application/grpc"):
             return http_error(415)
         path = headers.get(b":path", b"")
+        streamed = self._streams.get(path)
+        if streamed is not None and request.send is not None:
+            return await self._stream(request, streamed)
         method = self._methods.get(path)
         if method is None:
             return status_response("UNIMPLEMENTED", f"unknown method {path.decode('latin-1')}")
@@ -118,7 +192,7 @@ class GrpcService:
             )
         try:
             timeout = grpc_timeout(headers[b"grpc-timeout"]) if b"grpc-timeout" in headers else None
-            message = self._unframe(request.body, method.request_type)
+            message = await self._unframe(request, method.request_type)
             reply = await method.call(message, timeout)
         except errors.InferError as error:
             return status_response(error.kind.mapping.grpc_code, error.message)
@@ -134,28 +208,105 @@ class GrpcService:
             _OK_HEADERS, b"\0" + len(payload).to_bytes(4, "big") + payload, _OK_TRAILERS
         )
 
-    @staticmethod
-    def _unframe(body: bytes, request_type: Any) -> Any:
+    async def _stream(self, request: Request, method: StreamMethod) -> Response:
+        send = request.send
+        assert send is not None
+
+        def answer(message: Any) -> bool:
+            payload: bytes = message.SerializeToString()
+            return send(_OK_HEADERS, b"\0" + len(payload).to_bytes(4, "big") + payload)
+
+        try:
+            await method.call(self._messages(request, method.request_type), answer)
+        except errors.InferError as error:
+            trailers = status_trailers(error.kind.mapping.grpc_code, error.message)
+        except _Refused as refused:
+            trailers = status_trailers(refused.code, str(refused))
+        else:
+            trailers = _OK_TRAILERS
+        return Response(_OK_HEADERS, b"", trailers)
+
+    async def _messages(self, request: Request, request_type: Any) -> AsyncIterator[Any]:
+        """A streamed request's messages, each as soon as it is complete."""
+        arrived = request.arrived
+        assert arrived is not None
+        buffer = b""
+        while True:
+            if request.chunks:
+                buffer += b"".join(request.chunks)
+                request.chunks.clear()
+            if len(buffer) >= 5 and len(buffer) >= 5 + int.from_bytes(buffer[1:5], "big"):
+                end = 5 + int.from_bytes(buffer[1:5], "big")
+                message, buffer = buffer[:end], buffer[end:]
+                yield await self._unframe_one(message, request, request_type)
+                continue
+            if request.ended:
+                if buffer:
+                    raise errors.invalid("the stream ends inside a gRPC message")
+                return
+            if request.too_large:
+                raise _Refused("RESOURCE_EXHAUSTED", "the stream exceeds its size limit")
+            arrived.clear()
+            await arrived.wait()
+
+    async def _unframe_one(self, framed: bytes, request: Request, request_type: Any) -> Any:
+        one = Request(request.stream_id, request.headers, [framed], len(framed))
+        return await self._unframe(one, request_type)
+
+    async def _unframe(self, request: Request, request_type: Any) -> Any:
+        body = request.body
         if len(body) < 5:
             raise errors.invalid("request carries no gRPC message")
-        if body[0]:
-            raise _Refused("UNIMPLEMENTED", "compressed messages are not supported")
         length = int.from_bytes(body[1:5], "big")
         if len(body) != 5 + length:
             raise errors.invalid("a unary request carries exactly one gRPC message")
+        payload = body[5:]
+        if body[0]:
+            encoding = request.headers.get(b"grpc-encoding", b"identity")
+            if encoding != b"gzip":
+                raise _Refused(
+                    "UNIMPLEMENTED",
+                    f"message compressed with {encoding.decode('latin-1')!r}; "
+                    f"this server accepts {ACCEPT_ENCODING.decode()}",
+                )
+            if len(payload) >= INFLATE_OFF_LOOP_BYTES:
+                payload = await asyncio.to_thread(inflate, payload, self.max_message)
+            else:
+                payload = inflate(payload, self.max_message)
         try:
-            return request_type.FromString(body[5:])
+            return request_type.FromString(payload)
         except DecodeError as error:
             raise errors.invalid(f"malformed {request_type.DESCRIPTOR.name}: {error}") from None
+
+
+def inflate(data: bytes, limit: int) -> bytes:
+    """A gzip message inflated, refused once it passes ``limit`` bytes (a zip bomb stops
+    there: memory and time are bounded by the limit, not by the ratio)."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        message = inflater.decompress(data, limit + 1)
+    except zlib.error as error:
+        raise errors.invalid(f"malformed gzip message: {error}") from None
+    if len(message) > limit:
+        raise _Refused("RESOURCE_EXHAUSTED", f"inflated message exceeds {limit} bytes")
+    if not inflater.eof:
+        raise errors.invalid("truncated gzip message")
+    return message
 
 
 class GrpcServer:
     """Owns the listening socket and the HTTP/2 connections of one gRPC service."""
 
     def __init__(
-        self, service: GrpcService, max_connection_age: float = 0.0, max_age_grace: float = 10.0
+        self,
+        service: GrpcService,
+        max_connection_age: float = 0.0,
+        max_age_grace: float = 10.0,
+        limits: Http2Limits | None = None,
     ) -> None:
         self._service = service
+        self._limits = limits or Http2Limits()
+        self.budget = MemoryBudget(self._limits.process_buffer_bytes)
         self._max_connection_age = max_connection_age
         self._max_age_grace = max_age_grace
         self._connections: set[Http2Connection] = set()
@@ -168,6 +319,8 @@ class GrpcServer:
             lambda: Http2Connection(
                 service.handle, service.max_message, self._connections,
                 self._max_connection_age, self._max_age_grace,
+                limits=self._limits, budget=self.budget, answers_early=service.answers_early,
+                streaming=service.streaming,
             ),
             host, port, backlog=1024,
         )  # fmt: skip

@@ -345,6 +345,11 @@ class HpackError(Exception):
     """A header block that cannot be decoded: HTTP/2 answers with COMPRESSION_ERROR."""
 
 
+class HeaderListTooLarge(HpackError):
+    """The block was decoded whole (the table is in step) to a list over the limit: unlike
+    other HPACK errors it need not end the connection, only the stream."""
+
+
 def _huffman_machine() -> list[tuple[int, bytes, bool] | None]:
     """A decoder that consumes four bits per step (the approach of nghttp2 and others).
 
@@ -476,6 +481,7 @@ class Decoder:
     def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
         headers: list[tuple[bytes, bytes]] = []
         total = 0
+        oversized = False  # past the limit, fields are decoded (for the table) but not kept
         pos, end = 0, len(block)
         try:
             while pos < end:
@@ -487,7 +493,7 @@ class Decoder:
                     field, pos = self._literal(block, pos, 6)
                     self._add(field)
                 elif byte & 0x20:  # dynamic table size update
-                    if headers:
+                    if total:
                         raise HpackError("table size update after a header field")
                     size, pos = _integer(block, pos, 5)
                     if size > self._settings_limit:
@@ -500,10 +506,14 @@ class Decoder:
                     field, pos = self._literal(block, pos, 4)
                 total += len(field[0]) + len(field[1]) + ENTRY_OVERHEAD
                 if total > self._max_list:
-                    raise HpackError(f"header list larger than {self._max_list} bytes")
-                headers.append(field)
+                    oversized = True
+                    headers.clear()
+                if not oversized:
+                    headers.append(field)
         except IndexError:
             raise HpackError("header block ends inside a field") from None
+        if oversized:
+            raise HeaderListTooLarge(f"header list larger than {self._max_list} bytes")
         return headers
 
     def _entry(self, index: int) -> tuple[bytes, bytes]:

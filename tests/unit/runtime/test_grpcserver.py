@@ -2,6 +2,8 @@
 protocol spells it (status in trailers, Trailers-Only for errors, grpc-message percent-encoded).
 """
 
+import gzip
+import random
 from typing import Any
 
 import pytest
@@ -127,7 +129,8 @@ async def test_requests_that_are_not_grpc_get_http_errors(
     extra: dict[bytes, bytes], http_status: bytes
 ) -> None:
     response = await service().handle(request(b"", extra=extra))
-    assert headers(response.headers) == {b":status": http_status}
+    assert headers(response.headers) == {b":status": http_status, b"content-type": b"text/plain"}
+    assert b"gRPC server" in response.data
     assert response.trailers is None
 
 
@@ -149,3 +152,61 @@ def test_messages_are_percent_encoded() -> None:
     assert percent_encode("shape [2, 3] is 100% wrong: ü\n") == (
         b"shape [2, 3] is 100%25 wrong: %C3%BC%0A"
     )
+
+
+async def test_metadata_over_the_limit_fails_the_call_only() -> None:
+    oversized = Request(1, {}, headers_too_large=True)  # what the transport hands on
+    assert status(await service().handle(oversized)) == (
+        8, "request metadata exceeds the limit"
+    )  # fmt: skip
+
+
+def gzipped(message: Any) -> bytes:
+    payload = gzip.compress(message.SerializeToString())
+    return b"\1" + len(payload).to_bytes(4, "big") + payload
+
+
+GZIP = {b"grpc-encoding": b"gzip"}
+
+
+async def test_gzip_messages_are_inflated() -> None:
+    body = gzipped(service_pb2.ModelReadyRequest(name="mlp"))
+    response = await service().handle(request(body, extra=GZIP))
+    assert service_pb2.ModelReadyResponse.FromString(response.data[5:]).ready
+
+
+@pytest.mark.parametrize(
+    ("body", "extra", "code", "needle"),
+    [
+        (b"\1" + (24).to_bytes(4, "big") + gzip.compress(b"\0" * 4000)[:24], GZIP, 3, "gzip"),
+        (framed(service_pb2.ModelReadyRequest(name="m"), compressed=True),
+         {b"grpc-encoding": b"snappy"}, 12, "'snappy'"),
+    ],
+)  # fmt: skip
+async def test_bad_compression_is_refused(
+    body: bytes, extra: dict[bytes, bytes], code: int, needle: str
+) -> None:
+    got_code, message = status(await service().handle(request(body, extra=extra)))
+    assert got_code == code
+    assert needle in message
+
+
+@pytest.mark.parametrize(
+    "inflated",
+    [b"\0" * 2000, b"\0" * (64 << 20), random.Random(0).randbytes(100_000)],
+    ids=["small", "bomb", "large-inflated-in-a-thread"],
+)
+async def test_a_message_inflating_past_the_limit_is_refused(inflated: bytes) -> None:
+    bomb = gzip.compress(inflated)
+    body = b"\1" + len(bomb).to_bytes(4, "big") + bomb
+    assert status(await service().handle(request(body, extra=GZIP))) == (
+        8, "inflated message exceeds 1000 bytes"
+    )  # fmt: skip
+
+
+def test_grpc_calls_it_does_not_serve_are_answered_from_their_headers() -> None:
+    known = {b":method": b"POST", b":path": PATH, b"content-type": b"application/grpc"}
+    assert not service().answers_early(known)
+    assert service().answers_early({**known, b":path": b"/pkg.Svc/Stream"})
+    assert not service().answers_early({**known, b":method": b"GET"})
+    assert not service().answers_early({**known, b"content-type": b"text/plain"})

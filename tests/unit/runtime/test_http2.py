@@ -20,8 +20,17 @@ import h2.events
 import h2.settings
 import pytest
 
+from kiln_runtime.config import Http2Limits
 from kiln_runtime.protocol import hpack, http2
-from kiln_runtime.protocol.http2 import Handler, Http2Connection, Request, Response
+from kiln_runtime.protocol.http2 import (
+    AnswersEarly,
+    Handler,
+    Http2Connection,
+    MemoryBudget,
+    Request,
+    Response,
+    Streaming,
+)
 
 TIMEOUT = 5.0
 OK = hpack.encode([(b":status", b"200"), (b"content-type", b"application/grpc")])
@@ -143,13 +152,30 @@ class Harness:
         max_body: int = 1 << 20,
         max_age: float = 0.0,
         max_age_grace: float = 10.0,
+        *,
+        limits: Http2Limits | None = None,
+        answers_early: AnswersEarly | None = None,
+        streaming: Streaming | None = None,
     ) -> None:
+        limits = limits or Http2Limits()
+        self.budget = MemoryBudget(limits.process_buffer_bytes)
+
         async def recording(request: Request) -> Response:
             self.requests.append(request)
             return await handler(request)
 
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: Http2Connection(recording, max_body, self.connections, max_age, max_age_grace),
+            lambda: Http2Connection(
+                recording,
+                max_body,
+                self.connections,
+                max_age,
+                max_age_grace,
+                limits=limits,
+                budget=self.budget,
+                answers_early=answers_early,
+                streaming=streaming,
+            ),
             "127.0.0.1",
             0,
         )
@@ -520,3 +546,40 @@ async def test_connections_without_a_max_age_stay_open(harness: Harness) -> None
     assert not of(client.events, h2.events.ConnectionTerminated)
     (connection,) = harness.connections
     assert not connection.closed.done()
+
+
+async def test_a_request_answered_from_its_headers_does_not_wait_for_its_body(
+    harness: Harness,
+) -> None:
+    await harness.serve(answers_early=lambda headers: headers[b":path"] == b"/stream")
+    client = await harness.connect(H2Client)
+    sid = client.request(b"/stream", b"first message", end=False)  # never half-closed
+    events = await client.events_until(has(h2.events.StreamReset, sid))
+    assert body(events, sid) == b"/stream "  # answered before the body was read
+    assert of(events, h2.events.StreamReset, sid)[0].error_code == h2.errors.ErrorCodes.NO_ERROR
+
+
+async def test_a_streamed_request_is_answered_message_by_message(harness: Harness) -> None:
+    async def handler(request: Request) -> Response:
+        assert request.arrived is not None and request.send is not None
+        while True:  # each chunk echoed as it arrives, before the client half-closes
+            if request.chunks:
+                assert request.send(OK, b"".join(request.chunks))
+                request.chunks.clear()
+            if request.ended:
+                return Response(OK, b"", TRAILERS)
+            request.arrived.clear()
+            await request.arrived.wait()
+
+    await harness.serve(handler, streaming=lambda headers: headers[b":path"] == b"/chat")
+    client = await harness.connect(H2Client)
+    sid = client.request(b"/chat", b"one", end=False)
+    await client.events_until(lambda events: body(events, sid) == b"one")
+    client.conn.send_data(sid, b"two", end_stream=True)
+    client.send()
+    events = await client.events_until(has(h2.events.StreamEnded, sid))
+    assert body(events, sid) == b"onetwo"
+    assert len(of(events, h2.events.ResponseReceived, sid)) == 1
+    (trailers,) = of(events, h2.events.TrailersReceived, sid)
+    assert trailers.headers == [(b"grpc-status", b"0")]
+    assert harness.budget.used == 0

@@ -1,0 +1,200 @@
+"""HTTP/2 abuse patterns, each bounded in time and count, against one loopback port.
+
+Run as ``python -m tests.integration.runtime.attacks NAME PORT SECONDS`` (its own process, so
+the attacker shares no interpreter with the probe that measures the server meanwhile); prints
+one line saying how the server ended the attack, e.g. ``goaway 11`` for ENHANCE_YOUR_CALM.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable
+
+from kiln_runtime.protocol import hpack, http2
+
+MAX_FRAMES = 2_000_000  # every loop stops at this count, or at its time limit
+HEADERS_BLOCK = hpack.encode(
+    [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", b"/inference.GRPCInferenceService/ServerLive"),
+        (b":authority", b"attack"),
+        (b"content-type", b"application/grpc"),
+    ]
+)
+EMPTY_CALL = b"\0\0\0\0\0"  # a gRPC message of zero bytes: ServerLiveRequest
+
+
+def connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0))
+    return sock
+
+
+def goaway_code(sock: socket.socket, seconds: float) -> str:
+    """Read what the server sends until it closes: ``goaway CODE``, ``closed`` or ``open``."""
+    sock.settimeout(seconds)
+    buffer = b""
+    try:
+        while chunk := sock.recv(1 << 16):
+            buffer += chunk
+    except TimeoutError:
+        return "open"
+    except OSError:
+        pass
+    pos, code = 0, None
+    while len(buffer) - pos >= 9:
+        high, low, kind, _, _ = struct.unpack_from(">BHBBL", buffer, pos)
+        length = high << 16 | low
+        if kind == http2.GOAWAY and len(buffer) >= pos + 9 + 8:
+            code = struct.unpack_from(">L", buffer, pos + 9 + 4)[0]
+        pos += 9 + length
+    return f"goaway {code}" if code is not None else "closed"
+
+
+def flood(port: int, seconds: float, frames: Callable[[int], bytes]) -> str:
+    """Send ``frames(i)`` as fast as the server takes them until it hangs up or time runs out."""
+    sock = connect(port)
+    deadline = time.monotonic() + seconds
+    batch = 200
+    try:
+        for i in range(0, MAX_FRAMES, batch):
+            if time.monotonic() > deadline:
+                break
+            sock.sendall(b"".join(frames(i + j) for j in range(batch)))
+    except OSError:
+        pass  # the server closed: read its last words
+    return goaway_code(sock, 5)
+
+
+def rapid_reset(i: int) -> bytes:
+    sid = 2 * i + 1
+    headers = http2.frame(http2.HEADERS, http2.END_HEADERS, sid, HEADERS_BLOCK)
+    return headers + http2.frame(http2.RST_STREAM, 0, sid, struct.pack(">L", http2.CANCEL))
+
+
+def empty_data(i: int) -> bytes:
+    opening = http2.frame(http2.HEADERS, http2.END_HEADERS, 1, HEADERS_BLOCK) if i == 0 else b""
+    return opening + http2.frame(http2.DATA, 0, 1, b"")
+
+
+def empty_continuation(i: int) -> bytes:
+    opening = http2.frame(http2.HEADERS, 0, 1, HEADERS_BLOCK) if i == 0 else b""
+    return opening + http2.frame(http2.CONTINUATION, 0, 1, b"")
+
+
+def ping(i: int) -> bytes:
+    return http2.frame(http2.PING, 0, 0, struct.pack(">Q", i))
+
+
+def settings(i: int) -> bytes:
+    return http2.frame(http2.SETTINGS, 0, 0)
+
+
+def unread_answers(port: int, seconds: float) -> str:
+    """Calls sent as fast as possible on one connection whose answers are never read."""
+    sock = connect(port)
+    deadline = time.monotonic() + seconds
+    sock.settimeout(0.5)
+    sent = 0
+    try:
+        for i in range(MAX_FRAMES):
+            if time.monotonic() > deadline:
+                break
+            sid = 2 * i + 1
+            sock.sendall(
+                http2.frame(http2.HEADERS, http2.END_HEADERS, sid, HEADERS_BLOCK)
+                + http2.frame(http2.DATA, http2.END_STREAM, sid, EMPTY_CALL)
+            )
+            sent += 1
+    except TimeoutError:
+        pass  # the server stopped reading: backpressure reached the client
+    except OSError:
+        return f"closed after {sent} calls"
+    sock.close()
+    return f"server stopped reading after {sent} calls"
+
+
+def connection_flood(port: int, seconds: float) -> str:
+    """Open connections until refused (or 2000), hold them, count how many the server kept."""
+    held: list[socket.socket] = []
+    deadline = time.monotonic() + seconds
+    while len(held) < 2000 and time.monotonic() < deadline:
+        try:
+            held.append(connect(port))
+        except OSError:
+            break
+    time.sleep(0.5)
+    alive = 0
+    for sock in held:
+        sock.settimeout(0.01)
+        try:
+            alive += sock.recv(1, socket.MSG_PEEK) != b""
+        except TimeoutError:
+            alive += 1  # nothing to read yet, not closed
+        except OSError:
+            pass
+        sock.close()
+    return f"{alive} of {len(held)} connections kept"
+
+
+def slowloris(port: int, seconds: float) -> str:
+    """Connections that send half a preface and then nothing."""
+    held = []
+    for _ in range(200):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.sendall(http2.PREFACE[:10])
+        held.append(sock)
+    time.sleep(seconds)
+    closed = 0
+    for sock in held:
+        sock.settimeout(0.01)
+        closed += _drained_to_eof(sock)
+        sock.close()
+    return f"{closed} of {len(held)} closed by the server"
+
+
+def _drained_to_eof(sock: socket.socket) -> bool:
+    """Whether the server has closed ``sock`` (what it sent before is read and dropped)."""
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def big_metadata(port: int, seconds: float) -> str:
+    """Calls carrying 20 KiB of metadata (over the 16 KiB limit) on one connection."""
+    sock = connect(port)
+    block = hpack.encode([*hpack.Decoder().decode(HEADERS_BLOCK), (b"x-big", b"v" * 20_000)])
+    sid = 1
+    for piece in range(0, len(block), http2.MAX_FRAME_SIZE):
+        first, last = piece == 0, piece + http2.MAX_FRAME_SIZE >= len(block)
+        kind = http2.HEADERS if first else http2.CONTINUATION
+        flags = (http2.END_STREAM if first else 0) | (http2.END_HEADERS if last else 0)
+        sock.sendall(http2.frame(kind, flags, sid, block[piece : piece + http2.MAX_FRAME_SIZE]))
+    return "answered, connection kept" if goaway_code(sock, 1) == "open" else "connection ended"
+
+
+ATTACKS: dict[str, Callable[[int, float], str]] = {
+    "rapid-reset": lambda port, s: flood(port, s, rapid_reset),
+    "empty-data": lambda port, s: flood(port, s, empty_data),
+    "empty-continuation": lambda port, s: flood(port, s, empty_continuation),
+    "ping": lambda port, s: flood(port, s, ping),
+    "settings": lambda port, s: flood(port, s, settings),
+    "unread-answers": unread_answers,
+    "connections": connection_flood,
+    "slowloris": slowloris,
+    "big-metadata": big_metadata,
+}
+
+
+if __name__ == "__main__":
+    name, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    print(ATTACKS[name](port, seconds), flush=True)

@@ -1,0 +1,136 @@
+"""HTTP/2 abuse against a real runtime process (the MLP), on loopback, bounded in time.
+
+For each attack (``attacks.py``, run in its own process): the limit trips as documented, a
+well-behaved gRPC client whose channel was open before the attack keeps being answered (its
+p99 is reported, and bounded), and the runtime's resident memory stays within the configured
+budget over what it used before. ``-s`` prints the table that ``docs/benchmarks/runtime.md``
+("Abuse") records.
+"""
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+
+from .conftest import ModelFactory
+from .runtime_process import Runtime, running
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).parents[3]
+BUDGET_MIB = 64
+LIMITS = {
+    "maxConnections": 64,
+    "headerTimeoutSeconds": 1,
+    "connectionBufferBytes": 16 << 20,
+    "processBufferBytes": BUDGET_MIB << 20,
+}
+PROBE_P99_MS = 500  # the target is 50 ms on a quiet host; the shared test host is not
+RESULTS: list[tuple[str, str, float, float]] = []
+
+
+@pytest.fixture(scope="module")
+def runtime(
+    example_model: ModelFactory, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Runtime]:
+    model = example_model("mlp", http2=LIMITS)
+    with running(model, tmp_path_factory.mktemp("logs")) as served:
+        yield served
+    if RESULTS:
+        print("\n| attack | server's answer | peak RSS over baseline | probe p99 |")
+        print("|---|---|---|---|")
+        for name, outcome, rss, p99 in RESULTS:
+            print(f"| {name} | {outcome} | {rss:.0f} MiB | {p99:.1f} ms |")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+class Watch:
+    """A probe client calling ModelInfer in a loop, and the server's RSS sampled, in threads."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.client = triton_grpc.InferenceServerClient(runtime.grpc_url)
+        x = np.random.default_rng(0).standard_normal((1, 512)).astype(np.float32)
+        self.tensor = triton_grpc.InferInput("INPUT__0", [1, 512], "FP32")
+        self.tensor.set_data_from_numpy(x)
+        self.client.infer("mlp", [self.tensor])  # the channel is up before the attack
+        self.pid = runtime.process.pid
+        self.baseline = rss_mib(self.pid)
+        self.peak = self.baseline
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._probe), threading.Thread(target=self._rss)]
+
+    def __enter__(self) -> "Watch":
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def _probe(self) -> None:
+        while not self._stop.is_set() and len(self.latencies) < 100_000:
+            started = time.perf_counter()
+            try:
+                self.client.infer("mlp", [self.tensor], client_timeout=5)
+            except triton_grpc.InferenceServerException as error:
+                self.failures.append(str(error))
+            self.latencies.append((time.perf_counter() - started) * 1e3)
+            time.sleep(0.005)  # ~150 calls/s: a client, not a second load
+
+    def _rss(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_mib(self.pid))
+            time.sleep(0.02)
+
+    @property
+    def p99(self) -> float:
+        return float(np.percentile(self.latencies, 99))
+
+
+EXPECTED = {  # attack: its time limit, and the start of the line it must print
+    "rapid-reset": (3, "goaway 11"),
+    "empty-data": (3, "goaway 11"),
+    "empty-continuation": (3, "goaway 11"),
+    "ping": (3, "goaway 11"),
+    "settings": (3, "goaway 11"),
+    "unread-answers": (10, "server stopped reading after"),
+    "connections": (3, "63 of"),  # the probe holds one of the 64
+    "slowloris": (2.5, "200 of 200 closed"),
+    "big-metadata": (3, "answered, connection kept"),
+}
+
+
+@pytest.mark.parametrize("attack", EXPECTED.keys())
+def test_an_attack_trips_its_limit_and_others_are_served(runtime: Runtime, attack: str) -> None:
+    seconds, expected = EXPECTED[attack]
+    with Watch(runtime) as watch:
+        completed = subprocess.run(
+            [sys.executable, "-m", "tests.integration.runtime.attacks", attack,
+             str(runtime.grpc_port), str(seconds)],
+            cwd=REPO, check=True, capture_output=True, text=True, timeout=seconds + 60,
+        )  # fmt: skip
+        time.sleep(0.3)  # a few probe calls after the attack too
+    outcome = completed.stdout.strip()
+    RESULTS.append((attack, outcome, watch.peak - watch.baseline, watch.p99))
+    assert outcome.startswith(expected), completed.stderr[-2000:]
+    assert not watch.failures, watch.failures[:3]
+    assert len(watch.latencies) > 10
+    assert watch.p99 <= PROBE_P99_MS
+    assert watch.peak - watch.baseline <= BUDGET_MIB
+    assert runtime.status("/v2/health/ready") == 200

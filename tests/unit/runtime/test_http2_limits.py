@@ -1,0 +1,460 @@
+"""The HTTP/2 connection's limits and RFC 9113 checks against hostile and careless peers, over
+real loopback TCP.
+
+Each test trips one limit of ``Http2Limits`` and checks what the peer sees (GOAWAY
+ENHANCE_YOUR_CALM, a refused connection, a failed stream) and, where it matters, that the
+connection or another one keeps serving, and that the memory the server holds stays within
+the budget (``MemoryBudget.peak``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import AsyncIterator
+
+import h2.events
+import h2.settings
+import pytest
+
+from kiln_runtime.config import Http2Limits
+from kiln_runtime.protocol import hpack, http2
+from kiln_runtime.protocol.http2 import Request, Response
+
+from .test_http2 import (
+    OK,
+    RAW_START,
+    TIMEOUT,
+    TRAILERS,
+    Frame,
+    H2Client,
+    Harness,
+    Peer,
+    body,
+    echo,
+    goaway,
+    has,
+    raw_headers,
+    request_fields,
+)
+
+CALM = http2.ENHANCE_YOUR_CALM
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Harness]:
+    harness = Harness()
+    yield harness
+    await harness.close()
+
+
+@pytest.fixture
+def fast_ticks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timeouts are checked every 20 ms instead of every second."""
+    monkeypatch.setattr(http2, "TICK_SECONDS", 0.02)
+
+
+def open_stream(stream_id: int, path: bytes = b"/open") -> bytes:
+    """HEADERS that leave the request open (a body would follow)."""
+    return http2.frame(
+        http2.HEADERS, http2.END_HEADERS, stream_id, hpack.encode(request_fields(path))
+    )
+
+
+def reset(stream_id: int) -> bytes:
+    return http2.frame(http2.RST_STREAM, 0, stream_id, struct.pack(">L", http2.CANCEL))
+
+
+def settings(**values: int) -> bytes:
+    keys = {"initial_window": http2.SETTINGS_INITIAL_WINDOW_SIZE}
+    payload = b"".join(struct.pack(">HL", keys[k], v) for k, v in values.items())
+    return http2.frame(http2.SETTINGS, 0, 0, payload)
+
+
+def window_update(stream_id: int, increment: int) -> bytes:
+    return http2.frame(http2.WINDOW_UPDATE, 0, stream_id, struct.pack(">L", increment))
+
+
+def trailers_seen(frames: list[Frame]) -> set[int]:
+    """Streams whose answer has ended (the trailers' HEADERS carry END_STREAM)."""
+    return {f[2] for f in frames if f[0] == http2.HEADERS and f[1] & http2.END_STREAM}
+
+
+async def probe(harness: Harness) -> None:
+    """A well-behaved client on its own connection is still answered."""
+    client = await harness.connect(H2Client)
+    sid = client.request(b"/probe", b"ok")
+    events = await client.events_until(has(h2.events.StreamEnded, sid))
+    assert body(events, sid) == b"/probe ok"
+
+
+FLOODS = {  # limits, what the peer sends after the preface, many times over
+    "rapid-reset": (
+        Http2Limits(resets_per_second=2),  # a burst of 20
+        lambda i: open_stream(2 * i + 1) + reset(2 * i + 1),
+    ),
+    "empty-data": (
+        Http2Limits(empty_frames_per_second=2),
+        lambda i: (open_stream(1) if i == 0 else b"") + http2.frame(http2.DATA, 0, 1, b""),
+    ),
+    "empty-continuation": (
+        Http2Limits(empty_frames_per_second=2),
+        lambda i: (
+            (http2.frame(http2.HEADERS, http2.END_STREAM, 1, b"") if i == 0 else b"")
+            + http2.frame(http2.CONTINUATION, 0, 1, b"")
+        ),
+    ),
+    "ping": (
+        Http2Limits(control_frames_per_second=2),
+        lambda i: http2.frame(http2.PING, 0, 0, b"8 bytes!"),
+    ),
+    "settings": (
+        Http2Limits(control_frames_per_second=2),
+        lambda i: http2.frame(http2.SETTINGS, 0, 0),
+    ),
+}
+
+
+@pytest.mark.parametrize(("limits", "flood"), FLOODS.values(), ids=FLOODS.keys())
+async def test_a_flood_ends_in_enhance_your_calm_and_others_are_served(
+    harness: Harness, limits: Http2Limits, flood: object
+) -> None:
+    assert callable(flood)
+    await harness.serve(limits=limits)
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START + b"".join(flood(i) for i in range(200)))
+    frames = await peer.frames_until(None)  # until the server closes
+    assert goaway(frames)[1] == CALM
+    await probe(harness)
+
+
+async def test_a_budget_refills_with_time(harness: Harness) -> None:
+    await harness.serve(limits=Http2Limits(control_frames_per_second=100))  # a burst of 1000
+    peer = await harness.connect(Peer)
+    ping = http2.frame(http2.PING, 0, 0, b"8 bytes!")
+    peer.write(RAW_START + ping * 900)
+    await peer.frames_until(lambda frames: sum(f[0] == http2.PING for f in frames) == 900)
+    await asyncio.sleep(0.5)  # 50 more tokens
+    peer.write(ping * 140)
+    await peer.frames_until(lambda frames: sum(f[0] == http2.PING for f in frames) == 1040)
+    assert http2.GOAWAY not in [f[0] for f in peer.frames]
+
+
+async def test_connections_over_the_limit_are_refused_at_accept(harness: Harness) -> None:
+    await harness.serve(limits=Http2Limits(max_connections=2))
+    first = await harness.connect(H2Client)
+    await harness.connect(H2Client)
+    await first.events_until(has(h2.events.RemoteSettingsChanged))
+    refused = await harness.connect(Peer)
+    assert await refused.frames_until(None) == []  # closed without a byte
+
+    first.writer.close()
+    await asyncio.wait_for(first.writer.wait_closed(), TIMEOUT)
+    deadline = asyncio.get_running_loop().time() + TIMEOUT
+    while len(harness.connections) > 1:
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.01)
+    await probe(harness)
+
+
+async def test_an_idle_connection_is_closed(harness: Harness, fast_ticks: None) -> None:
+    await harness.serve(limits=Http2Limits(idle_timeout_seconds=0.2))
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START + raw_headers(1, b"/one"))
+    started = asyncio.get_running_loop().time()
+    frames = await peer.frames_until(None)
+    assert goaway(frames) == (1, http2.NO_ERROR)
+    assert asyncio.get_running_loop().time() - started >= 0.2
+
+
+async def test_a_silent_client_is_dropped_after_the_header_timeout(
+    harness: Harness, fast_ticks: None
+) -> None:
+    await harness.serve(limits=Http2Limits(header_timeout_seconds=0.1))
+    peer = await harness.connect(Peer)
+    peer.write(http2.PREFACE[:10])  # slowloris: a preface that never completes
+    frames = await peer.frames_until(None)
+    assert [f[0] for f in frames] == [http2.SETTINGS, http2.WINDOW_UPDATE]  # the server's preface
+
+
+async def test_an_unfinished_header_block_times_out(harness: Harness, fast_ticks: None) -> None:
+    await harness.serve(limits=Http2Limits(header_timeout_seconds=0.1))
+    peer = await harness.connect(Peer)
+    block = hpack.encode(request_fields(b"/slow"))
+    peer.write(RAW_START + http2.frame(http2.HEADERS, http2.END_STREAM, 1, block[:5]))
+    frames = await peer.frames_until(None)
+    assert goaway(frames)[1] == CALM
+    assert not harness.requests
+
+
+async def test_a_body_that_never_ends_resets_its_stream_only(
+    harness: Harness, fast_ticks: None
+) -> None:
+    await harness.serve(limits=Http2Limits(body_timeout_seconds=0.1))
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START + open_stream(1) + http2.frame(http2.DATA, 0, 1, b"part"))
+    cancelled = (http2.RST_STREAM, 0, 1, struct.pack(">L", http2.CANCEL))
+    await peer.frames_until(lambda frames: cancelled in frames)
+    peer.write(raw_headers(3, b"/next"))
+    frames = await peer.frames_until(lambda frames: 3 in trailers_seen(frames))
+    assert (http2.DATA, 0, 3, b"/next ") in frames
+    assert not harness.requests[1:]  # the stalled request never reached the handler
+
+
+async def test_a_header_list_over_the_limit_fails_its_stream_only(harness: Harness) -> None:
+    async def handler(request: Request) -> Response:
+        if request.headers_too_large:
+            return Response(OK, b"headers too large", TRAILERS)
+        return await echo(request)
+
+    await harness.serve(handler, limits=Http2Limits(max_header_list_size=1024))
+    peer = await harness.connect(Peer)
+    big = hpack.encode([*request_fields(b"/big"), (b"x-big", b"v" * 2000)])
+    assert len(big) <= 2 * 1024  # within the block limit: decoded, then refused
+    peer.write(RAW_START + http2.frame(http2.HEADERS, http2.END_HEADERS | http2.END_STREAM, 1, big))
+    peer.write(raw_headers(3, b"/small"))
+    frames = await peer.frames_until(lambda frames: {1, 3} <= trailers_seen(frames))
+    assert (http2.DATA, 0, 1, b"headers too large") in frames
+    assert (http2.DATA, 0, 3, b"/small ") in frames
+    assert http2.GOAWAY not in [f[0] for f in frames]
+
+
+async def test_a_header_block_far_over_the_limit_is_refused_from_its_frame_header(
+    harness: Harness,
+) -> None:
+    await harness.serve(limits=Http2Limits(max_header_list_size=1024))
+    peer = await harness.connect(Peer)
+    huge = http2.frame(http2.HEADERS, http2.END_STREAM, 1, b"\0" * 4096)
+    peer.write(RAW_START + huge[:9])  # only the frame header: the block is never buffered
+    frames = await peer.frames_until(None)
+    assert goaway(frames)[1] == CALM
+
+
+def connection_credit(frames: list[Frame]) -> int:
+    return sum(
+        struct.unpack(">L", f[3])[0] for f in frames if f[0] == http2.WINDOW_UPDATE and f[2] == 0
+    )
+
+
+async def test_the_receive_window_reopens_only_within_the_budget(harness: Harness) -> None:
+    release = asyncio.Event()
+
+    async def handler(request: Request) -> Response:
+        await release.wait()
+        return Response(OK, b"%d" % len(request.body), TRAILERS)
+
+    budget = window = http2.CONNECTION_WINDOW
+    await harness.serve(
+        handler, max_body=600 << 10, limits=Http2Limits(process_buffer_bytes=budget)
+    )
+    peer = await harness.connect(Peer)
+    chunk = 16 << 10
+    sizes = {1: 600 << 10, 3: window - (600 << 10)}  # the whole window, in two requests
+    sent = RAW_START
+    for sid, size in sizes.items():
+        sent += open_stream(sid)
+        for start in range(0, size, chunk):
+            piece = b"x" * min(chunk, size - start)
+            last = start + chunk >= size
+            sent += http2.frame(http2.DATA, http2.END_STREAM if last else 0, sid, piece)
+    peer.write(sent + http2.frame(http2.PING, 0, 0, b"in order"))
+    frames = await peer.frames_until(lambda frames: http2.PING in [f[0] for f in frames])
+    preface = window - http2.DEFAULT_WINDOW
+    # Half the window came back while the first half was held under the budget; with the
+    # budget spent (both bodies held, neither answered) no more does.
+    assert connection_credit(frames) - preface == window // 2
+    assert harness.budget.used == budget
+
+    release.set()
+    frames = await peer.frames_until(lambda frames: {1, 3} <= trailers_seen(frames))
+    assert connection_credit(frames) - preface == window  # answered: all of it is back
+    assert harness.budget.peak == budget
+    assert harness.budget.used == 0
+
+
+def outcomes(frames: list[Frame], calls: list[int]) -> dict[int, str]:
+    """Each call's end: "answered" (trailers), "calm" (RST_STREAM ENHANCE_YOUR_CALM)."""
+    calm = struct.pack(">L", CALM)
+    ends = {f[2]: "calm" for f in frames if f[0] == http2.RST_STREAM and f[3] == calm}
+    ends.update({sid: "answered" for sid in trailers_seen(frames)})
+    return {sid: ends[sid] for sid in calls if sid in ends}
+
+
+ANSWER_BYTES = 256 << 10
+
+
+async def big_answer(request: Request) -> Response:
+    if request.headers[b":path"] == b"/probe":
+        return await echo(request)
+    return Response(OK, b"r" * ANSWER_BYTES, TRAILERS)
+
+
+async def test_a_client_that_opens_no_window_cannot_pin_more_than_the_budget(
+    harness: Harness,
+) -> None:
+    budget = 1000 + http2.CONNECTION_WINDOW  # the smallest connection budget for this max_body
+    await harness.serve(big_answer, max_body=1000, limits=Http2Limits(connection_buffer_bytes=1))
+    peer = await harness.connect(Peer)
+    calls = [2 * i + 1 for i in range(40)]  # 10 MiB of answers
+    peer.write(
+        http2.PREFACE
+        + settings(initial_window=0)
+        + b"".join(raw_headers(sid, b"/big") for sid in calls)
+    )
+    frames = await peer.frames_until(lambda frames: len(outcomes(frames, calls)) == 36)
+    assert harness.budget.peak <= budget
+    assert set(outcomes(frames, calls).values()) == {"calm"}  # the 4 first answers are parked
+
+    peer.write(settings(initial_window=1 << 20) + window_update(0, 2**31 - 1 - 65_535))
+    frames = await peer.frames_until(lambda frames: len(outcomes(frames, calls)) == 40)
+    assert list(outcomes(frames, calls).values()).count("answered") == 4
+    assert sum(len(f[3]) for f in frames if f[0] == http2.DATA) == 4 * ANSWER_BYTES
+    assert harness.budget.used == 0
+    await probe(harness)
+
+
+async def test_a_client_that_stops_reading_cannot_pin_more_than_the_budget(
+    harness: Harness,
+) -> None:
+    budget = 1000 + http2.CONNECTION_WINDOW
+    await harness.serve(big_answer, max_body=1000, limits=Http2Limits(connection_buffer_bytes=1))
+    peer = await harness.connect(Peer)
+    calls = [2 * i + 1 for i in range(120)]  # 30 MiB of answers, windows wide open
+    peer.write(
+        http2.PREFACE
+        + settings(initial_window=2**31 - 1)
+        + window_update(0, 2**31 - 1 - 65_535)
+        + b"".join(raw_headers(sid, b"/big") for sid in calls)
+    )
+    await asyncio.sleep(0.5)  # the peer reads nothing: the socket's buffers fill
+    assert 0 < harness.budget.peak <= budget
+
+    frames = await peer.frames_until(lambda frames: len(outcomes(frames, calls)) == len(calls))
+    answered = list(outcomes(frames, calls).values()).count("answered")
+    assert 0 < answered < len(calls)
+    assert sum(len(f[3]) for f in frames if f[0] == http2.DATA) == answered * ANSWER_BYTES
+    assert harness.budget.used == 0
+    await probe(harness)
+
+
+MALFORMED_REQUESTS = {  # request fields RFC 9113 8.2-8.3 forbids: a stream error each
+    "uppercase-name": [*request_fields(b"/"), (b"X-Upper", b"1")],
+    "unknown-pseudo": [*request_fields(b"/"), (b":unknown", b"1")],
+    "response-pseudo": [(b":status", b"200"), *request_fields(b"/")],
+    "pseudo-after-regular": [(b"x-a", b"1"), *request_fields(b"/")],
+    "connection-specific": [*request_fields(b"/"), (b"connection", b"keep-alive")],
+    "te-not-trailers": [*request_fields(b"/"), (b"te", b"gzip")],
+    "empty-path": [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"")],
+    "no-method": request_fields(b"/")[1:],
+    "duplicate-path": [*request_fields(b"/"), (b":path", b"/again")],
+}
+
+
+@pytest.mark.parametrize("fields", MALFORMED_REQUESTS.values(), ids=MALFORMED_REQUESTS.keys())
+async def test_a_malformed_request_fails_its_stream_only(
+    harness: Harness, fields: list[tuple[bytes, bytes]]
+) -> None:
+    await harness.serve()
+    peer = await harness.connect(Peer)
+    bad = http2.frame(http2.HEADERS, http2.END_HEADERS | http2.END_STREAM, 1, hpack.encode(fields))
+    peer.write(RAW_START + bad + raw_headers(3, b"/fine"))
+    frames = await peer.frames_until(lambda frames: 3 in trailers_seen(frames))
+    assert (http2.RST_STREAM, 0, 1, struct.pack(">L", http2.PROTOCOL_ERROR)) in frames
+    assert [r.stream_id for r in harness.requests] == [3]
+
+
+async def test_a_body_that_differs_from_its_content_length_fails_its_stream(
+    harness: Harness,
+) -> None:
+    await harness.serve()
+    peer = await harness.connect(Peer)
+    fields = [*request_fields(b"/"), (b"content-length", b"10")]
+    peer.write(
+        RAW_START
+        + http2.frame(http2.HEADERS, http2.END_HEADERS, 1, hpack.encode(fields))
+        + http2.frame(http2.DATA, http2.END_STREAM, 1, b"short")
+    )
+    protocol_error = (http2.RST_STREAM, 0, 1, struct.pack(">L", http2.PROTOCOL_ERROR))
+    await peer.frames_until(lambda frames: protocol_error in frames)
+    assert not harness.requests
+
+
+STREAM_STATE_ERRORS = {  # frames on streams in the wrong state: the connection's error code
+    "lower-stream-id": (raw_headers(5, b"/a") + raw_headers(3, b"/b"), http2.PROTOCOL_ERROR),
+    "window-update-on-idle": (window_update(7, 1), http2.PROTOCOL_ERROR),
+    "goaway-on-a-stream": (http2.frame(http2.GOAWAY, 0, 1, b"\0" * 8), http2.PROTOCOL_ERROR),
+    "settings-ack-with-payload": (
+        http2.frame(http2.SETTINGS, http2.ACK, 0, b"\0" * 6),
+        http2.FRAME_SIZE_ERROR,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("sent", "code"), STREAM_STATE_ERRORS.values(), ids=STREAM_STATE_ERRORS.keys()
+)
+async def test_frames_in_the_wrong_state_end_the_connection(
+    harness: Harness, sent: bytes, code: int
+) -> None:
+    await harness.serve()
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START + sent)
+    frames = await peer.frames_until(None)
+    assert goaway(frames)[1] == code
+
+
+async def test_data_on_a_stream_that_ended_is_stream_closed(harness: Harness) -> None:
+    await harness.serve()
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START + raw_headers(1, b"/a"))
+    await peer.frames_until(lambda frames: 1 in trailers_seen(frames))
+    peer.write(http2.frame(http2.DATA, 0, 1, b"late"))
+    frames = await peer.frames_until(None)
+    assert goaway(frames)[1] == http2.STREAM_CLOSED
+
+
+async def test_a_burst_of_calls_is_started_over_several_turns_and_all_answered(
+    harness: Harness,
+) -> None:
+    turns: set[int] = set()
+    loop_turn = [0]
+
+    def tick() -> None:  # counts event-loop turns until the calls are answered
+        loop_turn[0] += 1
+        if len(harness.requests) < len(calls):
+            asyncio.get_running_loop().call_soon(tick)
+
+    async def handler(request: Request) -> Response:
+        turns.add(loop_turn[0])
+        return await echo(request)
+
+    calls = [2 * i + 1 for i in range(3 * http2.CALLS_PER_TURN)]
+    tick()
+    await harness.serve(handler)
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START + b"".join(raw_headers(sid, b"/burst") for sid in calls))
+    frames = await peer.frames_until(lambda frames: set(calls) <= trailers_seen(frames))
+    assert sum(f[0] == http2.DATA for f in frames) == len(calls)
+    assert len(turns) >= 3  # at most CALLS_PER_TURN started per turn
+
+
+async def test_an_answer_larger_than_the_budget_still_reaches_a_client_that_opens_its_window(
+    harness: Harness,
+) -> None:
+    huge = Response(OK, b"h" * (2 << 20), TRAILERS)  # twice the connection budget
+
+    async def handler(request: Request) -> Response:
+        return huge if request.headers[b":path"] == b"/huge" else await echo(request)
+
+    await harness.serve(handler, max_body=1000, limits=Http2Limits(connection_buffer_bytes=1))
+    peer = await harness.connect(Peer)
+    peer.write(http2.PREFACE + settings(initial_window=0) + raw_headers(1, b"/huge"))
+    await asyncio.sleep(0.1)  # parked: the connection starts no new call
+    peer.write(raw_headers(3, b"/small"))  # queued, not lost
+    await asyncio.sleep(0.1)
+    assert [r.stream_id for r in harness.requests] == [1]
+    # The client's window opening must still be read while the answer is parked.
+    peer.write(settings(initial_window=4 << 20) + window_update(0, 4 << 20))
+    frames = await peer.frames_until(lambda frames: {1, 3} <= trailers_seen(frames))
+    assert sum(len(f[3]) for f in frames if f[0] == http2.DATA and f[2] == 1) == 2 << 20
+    assert harness.budget.used == 0
