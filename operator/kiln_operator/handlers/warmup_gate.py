@@ -25,6 +25,7 @@ from kiln_operator.api.validation import SpecError, parse_spec
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, KubeClient
 from kiln_operator.k8s.resources import INFERENCE_SERVICES, PODS
+from kiln_operator.status.download import model_download_failure
 from kiln_operator.warmup import plan as warmup
 from kiln_operator.warmup.podstate import (
     cold_start_seconds,
@@ -90,6 +91,10 @@ async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> No
     """Cache the pod; start its warm-up once it needs one; stop it when the pod goes away."""
     memo.cache.observe(PODS.plural, type, body)
     pod = cast(dict[str, Any], dict(body))
+    service = pod["metadata"].get("labels", {}).get(constants.LABEL_INFERENCESERVICE)
+    if service and model_download_failure([pod]) is not None:
+        # The Deployment's status does not change when a pod cannot fetch its model.
+        memo.workqueue.add(pod["metadata"]["namespace"], service, trigger="model download")
     uid = pod["metadata"]["uid"]
     tasks: dict[str, asyncio.Task[None]] = memo.warmup_tasks
     if type == "DELETED" or pod["metadata"].get("deletionTimestamp"):

@@ -68,6 +68,8 @@ class Observation:
     selector: str
     url: str
     grpc_address: str
+    download_failure: str | None = None
+    """A pod's fetch init container's failure (status.download), else None."""
 
 
 def _conditions(
@@ -187,6 +189,8 @@ def _conditions(
             # Pods of the current spec serve; a scale-up's new pods may still be warming up.
             ready = (True, constants.REASON_AVAILABLE, state.detail)
 
+    if observation.download_failure is not None and not ready[0]:
+        ready = (False, constants.REASON_MODEL_DOWNLOAD_FAILED, observation.download_failure)
     if observation.spec_error is not None:
         ready = (False, constants.REASON_INVALID_SPEC, observation.spec_error)
     return put(conditions, constants.CONDITION_READY, *ready)
@@ -208,6 +212,15 @@ def _events(previous: list[Condition], current: list[Condition]) -> list[Event]:
         events.append(Event("Warning", constants.EVENT_INVALID_SPEC, new_valid["message"]))
     old_ready = find_condition(previous, constants.CONDITION_READY)
     new_ready = find_condition(current, constants.CONDITION_READY)
+    if (
+        new_ready is not None
+        and new_ready["reason"] == constants.REASON_MODEL_DOWNLOAD_FAILED
+        and (old_ready is None or old_ready.get("message") != new_ready["message"])
+        and (old_ready is None or old_ready.get("status") == new_ready["status"])
+    ):  # no Ready transition announces it: say it once per message
+        events.append(
+            Event("Warning", constants.REASON_MODEL_DOWNLOAD_FAILED, new_ready["message"])
+        )
     if new_ready is not None and (
         old_ready is None or old_ready.get("status") != new_ready["status"]
     ):
