@@ -72,7 +72,8 @@ e2e-kind: venv ## The end-to-end suite on kind (needs Docker, kind and internet;
 
 OPERATOR_IMAGE ?= kiln/operator:dev
 image-operator: base-image ## Build the operator image from operator/Dockerfile as $(OPERATOR_IMAGE)
-	docker build --network host --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE) -t $(OPERATOR_IMAGE) operator
+	tar -c --exclude=__pycache__ -C operator Dockerfile pyproject.toml kiln_operator -C $(CURDIR) constraints.txt \
+	  | docker build --network host --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE) -t $(OPERATOR_IMAGE) -
 	docker image prune -f >/dev/null  # the replaced image would stay behind, untagged
 
 .PHONY: help venv lock system-deps cluster-binaries cluster-up cluster-down docker-up lint typecheck check test test-unit demo e2e e2e-kind image-operator
@@ -105,7 +106,8 @@ base-image: docker-up ## Build the local Debian + Python base image (debootstrap
 	bash e2e/docker/base-image.sh $(RUNTIME_BASE_IMAGE)
 
 image-runtime: base-image ## Build the runtime image from runtime_image/Dockerfile as $(RUNTIME_IMAGE)
-	docker build --network host --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE) -t $(RUNTIME_IMAGE) runtime_image
+	tar -c --exclude=__pycache__ -C runtime_image Dockerfile pyproject.toml kiln_runtime -C $(CURDIR) constraints.txt \
+	  | docker build --network host --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE) -t $(RUNTIME_IMAGE) -
 	docker image prune -f >/dev/null  # the replaced image (several GB) would stay behind, untagged
 
 # pytriton pins numpy 1.x, so Triton's side of the benchmark gets its own virtualenv; it sees
