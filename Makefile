@@ -95,7 +95,10 @@ bench-operator: venv ## 100 and 1000 InferenceServices at once on the local clus
 bench-pinning: venv system-deps docker-up ## gRPC calls per pod after 1 -> 3 on the real node, with and without a max connection age -> docs/benchmarks/grpc-pinning.md
 	$(PY) -m tests.e2e.bench_grpc_pinning --out docs/benchmarks
 
-.PHONY: crds run-operator bench-operator bench-pinning
+bench-fetch: venv ## Model download MB/s: kiln_runtime fetch vs curl, same SeaweedFS object -> docs/benchmarks/fetch.md
+	$(PY) -m tests.integration.fetch.bench_fetch --mib 256 --rounds 5 --out docs/benchmarks/fetch.md
+
+.PHONY: crds run-operator bench-operator bench-pinning bench-fetch
 
 # ---- runtime ----
 RUNTIME_IMAGE ?= kiln/runtime:dev

@@ -6,12 +6,38 @@ owner does not look; its termination message ("model download failed: AccessDeni
 s3://…") belongs on the InferenceService's Ready condition. Pure: pods in, message out.
 """
 
+import re
+from dataclasses import dataclass
 from typing import Any
 
 from kiln_operator import constants
 
 MESSAGE_MAX_CHARS = 1024
 """A condition message is read by people; the fetcher's line is far shorter than this."""
+_FETCHED = re.compile(r"^model fetched: (\d+) bytes in ([0-9.]+) s\b")
+
+
+@dataclass(frozen=True)
+class Download:
+    """What one pod's fetch init container downloaded, and how long it took."""
+
+    bytes: int
+    seconds: float
+
+
+def model_download(pod: dict[str, Any]) -> Download | None:
+    """The pod's finished fetch, from its init container's termination message, else None."""
+    for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        if status.get("name") != constants.FETCH_CONTAINER:
+            continue
+        terminated = (status.get("state") or {}).get("terminated") or {}
+        if int(terminated.get("exitCode", -1)) != 0:
+            return None
+        match = _FETCHED.match(str(terminated.get("message") or ""))
+        if match is None:
+            return None
+        return Download(bytes=int(match.group(1)), seconds=float(match.group(2)))
+    return None
 
 
 def model_download_failure(pods: list[dict[str, Any]]) -> str | None:

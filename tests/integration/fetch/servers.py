@@ -111,8 +111,8 @@ def seaweed_s3(binary: str, directory: Path) -> Iterator[SeaweedS3]:
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
         "-master.telemetry=false",
-        "-master.volumeSizeLimitMB=64",
-        "-volume.max=8",
+        "-master.volumeSizeLimitMB=128",
+        "-volume.max=32",
         *(f"{flag}={port}" for flag, port in ports.items()),
     ]
     log = directory / "weed.log"

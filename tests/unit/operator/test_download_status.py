@@ -63,3 +63,20 @@ def test_a_failing_new_pod_does_not_unready_a_serving_service() -> None:
     serving = replace(observe(deployment()), download_failure=DENIED)
     ready = condition(compute_status({}, serving, T0).applied, constants.CONDITION_READY)
     assert (ready["status"], ready["reason"]) == ("True", constants.REASON_AVAILABLE)
+
+
+def test_the_warm_up_summary_reports_the_latest_warm_pods_download() -> None:
+    from kiln_operator.warmup import podstate
+    from tests.unit.warmup.test_podstate import GATE
+    from tests.unit.warmup.test_podstate import pod as gated_pod
+
+    warm = gated_pod((GATE, "True", "WarmedUp"))
+    fetched = "model fetched: 268435456 bytes in 3.250 s from s3://models/m/"
+    warm["status"]["initContainerStatuses"] = [
+        {"name": constants.FETCH_CONTAINER, "state": terminated(0, fetched, reason="Completed")}
+    ]
+    status = podstate.summary_status(podstate.summarize([warm]))
+    assert (status["lastDownloadSeconds"], status["lastDownloadBytes"]) == (3.25, 268435456)
+    assert "lastDownloadSeconds" not in podstate.summary_status(
+        podstate.summarize([gated_pod((GATE, "True", "WarmedUp"))])
+    )
