@@ -12,12 +12,13 @@ from typing import Any
 
 from kiln_operator import constants
 from kiln_operator.api.v1alpha1 import InferenceServiceSpec
-from kiln_operator.api.v1alpha1.model import FETCH_ROOT, ModelStorage
+from kiln_operator.api.v1alpha1.model import CACHE_ROOT, FETCH_ROOT, ModelStorage
 from kiln_operator.builders.naming import Manifest, Owner, child_labels, selector_labels
 from kiln_operator.builders.runtime_config import render_runtime_config
 
 MODEL_VOLUME = "model"
 TMP_VOLUME = "tmp"
+CACHE_VOLUME = "model-cache"
 STORAGE_SECRET_VOLUME = "model-storage-secret"
 STORAGE_SECRET_PATH = "/var/run/secrets/kiln/model-storage"
 """Where the fetch init container (only) reads the spec's Secret."""
@@ -109,6 +110,9 @@ def _fetch_container(spec: InferenceServiceSpec) -> Manifest:
         {"name": TMP_VOLUME, "mountPath": "/tmp"},
         {"name": MODEL_VOLUME, "mountPath": FETCH_ROOT},
     ]
+    if storage.cache is not None:
+        args += ["--cache-dir", CACHE_ROOT, "--cache-max-bytes", str(storage.cache.max_bytes)]
+        mounts.append({"name": CACHE_VOLUME, "mountPath": CACHE_ROOT})
     if storage.secret_name is not None:
         args += ["--credentials-dir", STORAGE_SECRET_PATH]
         mounts.append(
@@ -203,6 +207,13 @@ def _volumes(spec: InferenceServiceSpec) -> list[Manifest]:
         # Twice the model: the fetcher stages beside the published copy on a re-fetch.
         volumes.append(
             {"name": MODEL_VOLUME, "emptyDir": {"sizeLimit": str(2 * storage.max_bytes)}}
+        )
+    if spec.model.is_fetched and storage.cache is not None:
+        volumes.append(
+            {
+                "name": CACHE_VOLUME,
+                "persistentVolumeClaim": {"claimName": storage.cache.claim_name},
+            }
         )
     if spec.model.is_fetched and storage.secret_name is not None:
         volumes.append(

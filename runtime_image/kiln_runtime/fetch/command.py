@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln_runtime.fetch.cache import ModelCache
 from kiln_runtime.fetch.failures import FailureKind, FetchFailure, TransientError
 from kiln_runtime.fetch.source import (
     DEFAULT_MAX_BYTES,
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 TERMINATION_LOG = Path("/dev/termination-log")
 TERMINATION_MESSAGE_MAX = 4096
 """Kubernetes keeps at most 4096 bytes of a termination message."""
+DEFAULT_CACHE_MAX_BYTES = 256 * 1024**3
 ACCESS_KEY_FILE = "AWS_ACCESS_KEY_ID"
 SECRET_KEY_FILE = "AWS_SECRET_ACCESS_KEY"
 SESSION_TOKEN_FILE = "AWS_SESSION_TOKEN"
@@ -75,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attempts", type=int, default=Limits.attempts, help="tries per object")
     parser.add_argument("--backoff-seconds", type=float, default=Limits.backoff_seconds)
     parser.add_argument("--read-timeout-seconds", type=float, default=Limits.read_timeout_seconds)
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="a volume shared by the model's pods: restore from it, keep downloads in it",
+    )
+    parser.add_argument("--cache-max-bytes", type=int, default=DEFAULT_CACHE_MAX_BYTES)
     parser.add_argument("--termination-log", type=Path, default=TERMINATION_LOG)
     parser.add_argument("--log-level", default="INFO")  # fmt: skip
 
@@ -137,6 +146,9 @@ def fetch(args: argparse.Namespace) -> FetchResult:
                 raise FetchFailure(FailureKind.INVALID, args.uri, "sha256 needs a single object")
             total = _fetch_s3(
                 source,
+                cache=None
+                if args.cache_dir is None
+                else ModelCache(args.cache_dir, args.cache_max_bytes),
                 settings=settings,
                 credentials=credentials,
                 limits=limits,
@@ -166,6 +178,7 @@ def fetch(args: argparse.Namespace) -> FetchResult:
 def _fetch_s3(
     source: S3Source,
     *,
+    cache: ModelCache | None,
     settings: StoreSettings,
     credentials: Credentials | None,
     limits: Limits,
@@ -185,6 +198,13 @@ def _fetch_s3(
             f"{announced} bytes is more than the limit of {limits.max_bytes}",
         )
     log.info("%s: %d object(s), %d bytes", source.uri, len(objects), announced)
+    cache_key = ModelCache.key(
+        source.uri,
+        [f"{item.key} {item.expected.size} {item.expected.etag}" for item in objects]
+        + [f"sha256 {sha256}"],
+    )
+    if cache is not None and cache.restore(cache_key, staging) is not None:
+        return 0
     total = 0
     for item in objects:
         expected = item.expected
@@ -199,6 +219,8 @@ def _fetch_s3(
         total += download(
             open_range, target, expected=expected, limits=limits, budget=budget, label=item.key
         )
+    if cache is not None:
+        cache.store(cache_key, staging, total)
     return total
 
 

@@ -351,3 +351,47 @@ def test_an_https_file_not_found(https_root: Path, tmp_path: Path) -> None:
 
     assert outcome.code == 3
     assert outcome.message == f"model download failed: NotFound for {uri}: HTTP 404 File not found"
+
+
+def test_a_shared_cache_serves_the_second_pod_and_evicts_the_least_recently_used(
+    store: SeaweedS3, tmp_path: Path
+) -> None:
+    client = store.client()
+    bodies = {name: os.urandom(600_000) for name in ("a", "b", "c")}
+    for name, body in bodies.items():
+        client.put_object(Bucket=BUCKET, Key=f"cached/{name}/model.pt", Body=body)
+    cache = tmp_path / "cache"
+    budget = ["--cache-dir", str(cache), "--cache-max-bytes", "1300000"]  # two entries fit
+
+    def pod(name: str, model: str) -> Outcome:
+        return fetch(
+            tmp_path / name, f"s3://{BUCKET}/cached/{model}/model.pt", *budget,
+            endpoint=store.endpoint,
+        )  # fmt: skip
+
+    first, second = pod("pod-1", "a"), pod("pod-2", "a")
+    assert first.message.startswith("model fetched: 600000 bytes")
+    assert second.message.startswith("model fetched: 0 bytes")  # copied from the cache
+    assert "restored 600000 bytes from the cache entry" in second.log
+    assert (second.model / "model.pt").read_bytes() == bodies["a"]
+
+    pod("pod-3", "b")
+    pod("pod-4", "a")  # a is now used more recently than b
+    pod("pod-5", "c")  # over the budget: b goes
+    entries = [path for path in cache.iterdir() if not path.name.startswith(".")]
+    assert len(entries) == 2
+    assert pod("pod-6", "a").message.startswith("model fetched: 0 bytes")
+    assert pod("pod-7", "b").message.startswith("model fetched: 600000 bytes")
+
+
+def test_a_changed_object_is_a_new_cache_entry(store: SeaweedS3, tmp_path: Path) -> None:
+    client = store.client()
+    uri = f"s3://{BUCKET}/changing/model.pt"
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    client.put_object(Bucket=BUCKET, Key="changing/model.pt", Body=b"version 1")
+    fetch(tmp_path / "pod-1", uri, *cache, endpoint=store.endpoint)
+    client.put_object(Bucket=BUCKET, Key="changing/model.pt", Body=b"version 2")
+    outcome = fetch(tmp_path / "pod-2", uri, *cache, endpoint=store.endpoint)
+
+    assert outcome.message.startswith("model fetched: 9 bytes")
+    assert (outcome.model / "model.pt").read_bytes() == b"version 2"

@@ -82,6 +82,19 @@ def test_workload_identity_sets_the_service_account_and_no_secret() -> None:
     assert all("secret" not in volume for volume in pod["volumes"])
 
 
+def test_a_shared_cache_claim_is_mounted_into_the_fetcher_only() -> None:
+    cache = {"claimName": "model-cache", "maxBytes": 10**12}
+    pod = _pod(_spec(uri="s3://models/m/", storage={"cache": cache}))
+    (fetch,) = pod["initContainers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "model-cache"}
+    assert {"name": "model-cache", "mountPath": "/models/cache"} in fetch["volumeMounts"]
+    assert all(m["name"] != "model-cache" for m in pod["containers"][0]["volumeMounts"])
+    args = fetch["args"]
+    assert args[args.index("--cache-dir") + 1] == "/models/cache"
+    assert args[args.index("--cache-max-bytes") + 1] == str(10**12)
+
+
 def test_images_and_claims_have_no_init_container() -> None:
     assert _pod(sample_spec("minimal"))["initContainers"] == []
     assert _pod(sample_spec("full"))["initContainers"] == []

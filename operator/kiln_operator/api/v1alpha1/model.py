@@ -32,6 +32,21 @@ FETCH_ROOT = "/models/fetched"
 itself is at <FETCH_ROOT>/model (the fetcher's rename target)."""
 
 
+CACHE_ROOT = "/models/cache"
+"""Where the fetch init container mounts the shared cache claim."""
+
+
+class ModelCache(ApiModel):
+    """A volume the model's pods share, so that only the first downloads (s3:// only)."""
+
+    claim_name: Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN)]
+    """A ReadWriteMany PersistentVolumeClaim in the InferenceService's namespace, mounted into
+    the fetch init container only. Entries are keyed by URI and the objects' ETags."""
+    max_bytes: Annotated[int, Field(ge=1, le=2**50)] = 256 * 1024**3
+    """The cache's budget: after a new entry, the least recently used others are removed until
+    the entries fit."""
+
+
 class ModelStorage(ApiModel):
     """How an s3:// or https:// model is fetched before the runtime starts."""
 
@@ -54,6 +69,8 @@ class ModelStorage(ApiModel):
     <bucket>.<endpoint>."""
     tls_verify: bool = True
     """Verify the store's TLS certificate (against ca.crt of the Secret when it has one)."""
+    cache: ModelCache | None = None
+    """A shared cache of s3:// models (a ReadWriteMany claim); without one each pod fetches."""
     max_bytes: Annotated[int, Field(ge=1, le=2**50)] = DEFAULT_MAX_MODEL_BYTES
     """The largest model (all objects of a prefix together) the fetcher downloads; a larger
     one fails with TooLarge. Also the size limit of the pod's model volume."""
