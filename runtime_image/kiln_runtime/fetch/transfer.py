@@ -21,7 +21,7 @@ from kiln_runtime.fetch.verify import Expected, Verifier
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_SECONDS = 5.0
-SINK_QUEUE_CHUNKS = 8
+HASH_QUEUE_CHUNKS = 8
 _MIB = 1024 * 1024
 
 
@@ -126,7 +126,7 @@ def _one_try(
         expected_size = verifier.expected.size
         received = verifier.size
         last_report = time.monotonic()
-        with _Sink(out, verifier) as sink:
+        with _Hasher(verifier) as hasher:
             for chunk in stream.chunks():
                 received += len(chunk)
                 if expected_size is not None and received > expected_size:
@@ -136,7 +136,8 @@ def _one_try(
                         f"{label}: more bytes than the {expected_size} announced",
                     )
                 budget.take(len(chunk))
-                sink.put(chunk)
+                out.write(chunk)
+                hasher.put(chunk)
                 now = time.monotonic()
                 if now - last_report >= PROGRESS_EVERY_SECONDS:
                     last_report = now
@@ -147,43 +148,31 @@ def _one_try(
         raise TransientError(f"connection closed after {verifier.size} of {expected_size} bytes")
 
 
-class _Sink:
-    """Writes and hashes on a thread of its own, so that the MD5 (the ETag check, slower than
-    loopback) overlaps the next reads from the socket: both release the GIL. A bounded queue
-    keeps at most SINK_QUEUE_CHUNKS chunks in memory; leaving the block waits for the thread,
-    so the file and the verifier agree on every byte before any resume or check."""
+class _Hasher:
+    """Hashes on a thread of its own, so that the MD5 (the ETag check, slower than a loopback
+    socket) overlaps the next reads and writes: all three release the GIL. A bounded queue keeps
+    at most HASH_QUEUE_CHUNKS chunks in memory; leaving the block waits for the thread, so the
+    verifier has seen every byte written before any resume or check."""
 
-    def __init__(self, out: _Writable, verifier: Verifier) -> None:
-        self._out = out
+    def __init__(self, verifier: Verifier) -> None:
         self._verifier = verifier
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=SINK_QUEUE_CHUNKS)
-        self._error: OSError | None = None
-        self._thread = threading.Thread(target=self._run, name="fetch-sink", daemon=True)
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=HASH_QUEUE_CHUNKS)
+        self._thread = threading.Thread(target=self._run, name="fetch-hash", daemon=True)
 
-    def __enter__(self) -> _Sink:
+    def __enter__(self) -> _Hasher:
         self._thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self._queue.put(None)
         self._thread.join()
-        if self._error is not None:
-            raise self._error
 
     def put(self, chunk: bytes) -> None:
-        if self._error is not None:
-            raise self._error
         self._queue.put(chunk)
 
     def _run(self) -> None:
         while (chunk := self._queue.get()) is not None:
-            if self._error is not None:
-                continue  # drain, so that put() never blocks on a dead writer
-            try:
-                self._out.write(chunk)
-                self._verifier.update(chunk)
-            except OSError as error:
-                self._error = error
+            self._verifier.update(chunk)
 
 
 def _log_progress(label: str, done: int, total: int | None, budget: Budget) -> None:
