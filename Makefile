@@ -85,7 +85,8 @@ e2e-kind: venv ## The end-to-end suite on kind (needs Docker, kind and internet;
 
 OPERATOR_IMAGE ?= kiln/operator:dev
 image-operator: base-image ## Build the operator image from operator/Dockerfile as $(OPERATOR_IMAGE)
-	bash e2e/docker/build.sh $(OPERATOR_IMAGE) operator --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE)
+	tar -c --exclude=__pycache__ -C operator Dockerfile pyproject.toml kiln_operator -C $(CURDIR) constraints.txt \
+	  | bash e2e/docker/build.sh $(OPERATOR_IMAGE) --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE)
 
 .PHONY: help venv lock system-deps cluster-binaries cluster-up cluster-down docker-up lint typecheck check test test-unit demo e2e e2e-kind image-operator
 
@@ -106,6 +107,10 @@ bench-operator: venv ## 100 and 1000 InferenceServices at once on the local clus
 bench-pinning: venv system-deps docker-up ## gRPC calls per pod after 1 -> 3 on the real node, with and without a max connection age -> docs/benchmarks/grpc-pinning.md
 	$(PY) -m tests.e2e.bench_grpc_pinning --out docs/benchmarks
 
+bench-fetch: venv ## Model download MB/s: kiln_runtime fetch vs curl, same SeaweedFS object -> docs/benchmarks/fetch.md
+	$(PY) -m tests.integration.fetch.bench_fetch --mib 256 --rounds 5 --out docs/benchmarks/fetch.md
+
+
 bench-coldstart: venv system-deps docker-up ## Apply -> first inference through the Service on the real node -> docs/benchmarks/cold-start.md
 	$(PY) -m tests.e2e.bench_cold_start --out docs/benchmarks
 
@@ -118,7 +123,7 @@ gotools: ## Build (or find in the cache) Helm, the kstatus command and Argo CD's
 test-gitops: venv ## The chart (lint, schema, same objects as kustomize) and the Argo CD health check
 	$(PY) -m pytest tests/unit/gitops
 
-.PHONY: crds run-operator bench-operator bench-pinning bench-warmup-memory bench-coldstart gotools test-gitops
+.PHONY: crds run-operator bench-operator bench-pinning bench-warmup-memory bench-coldstart gotools test-gitops bench-fetch
 
 # ---- runtime ----
 RUNTIME_IMAGE ?= kiln/runtime:dev
@@ -129,7 +134,8 @@ base-image: docker-up ## Build the local Debian + Python base image (debootstrap
 	bash e2e/docker/base-image.sh $(RUNTIME_BASE_IMAGE)
 
 image-runtime: base-image ## Build the runtime image from runtime_image/Dockerfile as $(RUNTIME_IMAGE)
-	bash e2e/docker/build.sh $(RUNTIME_IMAGE) runtime_image --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE)
+	tar -c --exclude=__pycache__ -C runtime_image Dockerfile pyproject.toml kiln_runtime -C $(CURDIR) constraints.txt \
+	  | bash e2e/docker/build.sh $(RUNTIME_IMAGE) --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE)
 
 # pytriton pins numpy 1.x, so Triton's side of the benchmark gets its own virtualenv; it sees
 # torch through the main one (a .pth line appended after its own packages).

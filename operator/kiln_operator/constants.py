@@ -51,6 +51,8 @@ CONDITION_WARMED_UP: Final = f"{GROUP}/warmed-up"
 
 # --- runtime contract ----------------------------------------------------------------------------
 RUNTIME_CONTAINER: Final = "runtime"
+FETCH_CONTAINER: Final = "fetch-model"
+"""The init container that downloads an s3:// or https:// model (`kiln_runtime fetch`)."""
 ENV_RUNTIME_CONFIG: Final = "KILN_RUNTIME_CONFIG"
 """Environment variable carrying the runtime config JSON (the operator/runtime contract)."""
 HTTP_PORT: Final = 8000
@@ -137,6 +139,9 @@ REASON_CHILD_CONFLICT: Final = "ChildConflict"
 object the InferenceService does not control; Kiln writes nothing to it until it is gone."""
 REASON_CHILD_REJECTED: Final = "ChildRejected"
 """The API server refused to create or update a child; the message has its answer."""
+REASON_MODEL_DOWNLOAD_FAILED: Final = "ModelDownloadFailed"
+"""A pod's fetch init container failed; the message is its own ("model download failed:
+AccessDenied for s3://…")."""
 
 # --- event reasons ------------------------------------------------------------------------------
 EVENT_READY: Final = "Ready"

@@ -3,6 +3,7 @@
 python -m kiln_runtime serve --model-path PATH --model-name NAME [--config FILE] [--host ADDR]
                              [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
 python -m kiln_runtime example-model --kind mlp|transformer --out DIR
+python -m kiln_runtime fetch --uri s3://BUCKET/KEY|https://… --dest DIR [...]  (an init container)
 
 The config is read from ``--config`` or else from the ``KILN_RUNTIME_CONFIG`` variable (JSON).
 """
@@ -59,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
     example.add_argument("--out", type=Path, required=True)
     example.add_argument("--name", default=None, help="model name in config.json (default: kind)")
     example.add_argument("--format", choices=("torchscript", "torch_export"), default="torchscript")
+
+    from kiln_runtime.fetch.command import add_arguments as add_fetch_arguments
+
+    add_fetch_arguments(commands.add_parser("fetch", help="download a model into DEST/model"))
     return parser  # fmt: skip
 
 
@@ -70,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         path = write_example(args.kind, args.out, name=args.name, fmt=args.format)
         print(f"wrote {path} and {args.out / 'config.json'}")
         return 0
+
+    if args.command == "fetch":
+        from kiln_runtime.fetch.command import run as run_fetch
+
+        return run_fetch(args)
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -77,7 +77,8 @@ def _covers_field(actual: dict[str, Any], key: str, desired: Any, *, in_resource
     exact = key in EXACT_MAPS and isinstance(desired, dict) and isinstance(live, dict)
     if exact and set(live) != set(desired):
         return False
-    return covers(live, desired, in_resources=in_resources or key in ("requests", "limits"))
+    quantities = in_resources or key in ("requests", "limits", "sizeLimit")
+    return covers(live, desired, in_resources=quantities)
 
 
 def _owned_annotations(annotations: dict[str, str]) -> dict[str, str]:

@@ -12,11 +12,16 @@ from typing import Any
 
 from kiln_operator import constants
 from kiln_operator.api.v1alpha1 import InferenceServiceSpec
+from kiln_operator.api.v1alpha1.model import CACHE_ROOT, FETCH_ROOT, ModelStorage
 from kiln_operator.builders.naming import Manifest, Owner, child_labels, selector_labels
 from kiln_operator.builders.runtime_config import render_runtime_config
 
 MODEL_VOLUME = "model"
 TMP_VOLUME = "tmp"
+CACHE_VOLUME = "model-cache"
+STORAGE_SECRET_VOLUME = "model-storage-secret"
+STORAGE_SECRET_PATH = "/var/run/secrets/kiln/model-storage"
+"""Where the fetch init container (only) reads the spec's Secret."""
 RUNTIME_USER_ID = 10001
 """A non-root uid for the restricted Pod Security profile: the runtime image's own user
 (`runtime_image/Dockerfile` creates it; a test keeps the two equal)."""
@@ -73,10 +78,69 @@ def _probes(spec: InferenceServiceSpec) -> Manifest:
     }
 
 
+def _restricted_security() -> Manifest:
+    """The Pod Security `restricted` profile, for the runtime and the fetch init container
+    alike (a fresh copy each: manifests share no nested objects)."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _fetch_container(spec: InferenceServiceSpec) -> Manifest:
+    """`kiln_runtime fetch` in the runtime image: the model into the model volume, verified;
+    a failure ends in a termination message the reconcile loop carries to Ready."""
+    model = spec.model
+    storage = model.storage or ModelStorage()
+    args = ["--uri", model.uri, "--dest", FETCH_ROOT, "--max-bytes", str(storage.max_bytes)]
+    if model.sha256 is not None:
+        args += ["--sha256", model.sha256]
+    if storage.endpoint is not None:
+        args += ["--endpoint", storage.endpoint]
+    if storage.region is not None:
+        args += ["--region", storage.region]
+    if storage.path_style:
+        args.append("--path-style")
+    if not storage.tls_verify:
+        args.append("--no-verify-tls")
+    mounts: list[Manifest] = [
+        {"name": TMP_VOLUME, "mountPath": "/tmp"},
+        {"name": MODEL_VOLUME, "mountPath": FETCH_ROOT},
+    ]
+    if storage.cache is not None:
+        args += ["--cache-dir", CACHE_ROOT, "--cache-max-bytes", str(storage.cache.max_bytes)]
+        mounts.append({"name": CACHE_VOLUME, "mountPath": CACHE_ROOT})
+    if storage.secret_name is not None:
+        args += ["--credentials-dir", STORAGE_SECRET_PATH]
+        mounts.append(
+            {"name": STORAGE_SECRET_VOLUME, "mountPath": STORAGE_SECRET_PATH, "readOnly": True}
+        )
+    return {
+        "name": constants.FETCH_CONTAINER,
+        "image": spec.runtime.image,
+        "imagePullPolicy": spec.runtime.image_pull_policy,
+        "command": ["python", "-m", "kiln_runtime", "fetch"],
+        "args": args,
+        # The runtime's own CPU and memory: the pod's request stays what the runtime asks.
+        "resources": {
+            "requests": {"cpu": spec.resources.cpu, "memory": spec.resources.memory},
+            "limits": {"cpu": spec.resources.cpu, "memory": spec.resources.memory},
+        },
+        "securityContext": _restricted_security(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": mounts,
+    }
+
+
 def _container(spec: InferenceServiceSpec, owner: Owner) -> Manifest:
     model_path = spec.model.path_in_container(constants.MODEL_MOUNT_ROOT)
     mounts: list[Manifest] = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]
     claim = spec.model.pvc_claim
+    if spec.model.is_fetched:
+        mounts.append({"name": MODEL_VOLUME, "mountPath": FETCH_ROOT, "readOnly": True})
     if claim is not None:
         mounts.append(
             {
@@ -124,13 +188,7 @@ def _container(spec: InferenceServiceSpec, owner: Owner) -> Manifest:
         ],
         "resources": _resources(spec),
         **_probes(spec),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _restricted_security(),
         "volumeMounts": mounts,
     }
     # Empty when there is no pause: an empty desired value makes a stale live one drift.
@@ -144,6 +202,26 @@ def _container(spec: InferenceServiceSpec, owner: Owner) -> Manifest:
 
 def _volumes(spec: InferenceServiceSpec) -> list[Manifest]:
     volumes: list[Manifest] = [{"name": TMP_VOLUME, "emptyDir": {}}]
+    storage = spec.model.storage or ModelStorage()
+    if spec.model.is_fetched:
+        # Twice the model: the fetcher stages beside the published copy on a re-fetch.
+        volumes.append(
+            {"name": MODEL_VOLUME, "emptyDir": {"sizeLimit": str(2 * storage.max_bytes)}}
+        )
+    if spec.model.is_fetched and storage.cache is not None:
+        volumes.append(
+            {
+                "name": CACHE_VOLUME,
+                "persistentVolumeClaim": {"claimName": storage.cache.claim_name},
+            }
+        )
+    if spec.model.is_fetched and storage.secret_name is not None:
+        volumes.append(
+            {
+                "name": STORAGE_SECRET_VOLUME,
+                "secret": {"secretName": storage.secret_name, "defaultMode": 0o400},
+            }
+        )
     claim = spec.model.pvc_claim
     if claim is not None:
         volumes.append(
@@ -172,6 +250,10 @@ def build_pod_spec(spec: InferenceServiceSpec, owner: Owner) -> Manifest:
         "containers": [_container(spec, owner)],
         "volumes": _volumes(spec),
     }
+    pod["initContainers"] = [_fetch_container(spec)] if spec.model.is_fetched else []
+    storage = spec.model.storage
+    if storage is not None and storage.service_account_name is not None:
+        pod["serviceAccountName"] = storage.service_account_name
     # Optional parts are always present, empty when unused, so that removing them from the
     # spec removes them from the live Deployment (an empty desired value must be empty live).
     pod["readinessGates"] = (

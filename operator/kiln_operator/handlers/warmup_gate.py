@@ -26,6 +26,7 @@ from kiln_operator.handlers.inferenceservice import WARMUP_BUDGET_BYTES
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, KubeClient
 from kiln_operator.k8s.resources import INFERENCE_SERVICES, PODS
+from kiln_operator.status.download import model_download_failure
 from kiln_operator.warmup import plan as warmup
 from kiln_operator.warmup.budget import ByteBudget
 from kiln_operator.warmup.podstate import (
@@ -94,6 +95,10 @@ async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> No
     """Cache the pod; start its warm-up once it needs one; stop it when the pod goes away."""
     memo.cache.observe(PODS.plural, type, body)
     pod = cast(dict[str, Any], dict(body))
+    service = pod["metadata"].get("labels", {}).get(constants.LABEL_INFERENCESERVICE)
+    if service and model_download_failure([pod]) is not None:
+        # The Deployment's status does not change when a pod cannot fetch its model.
+        memo.workqueue.add(pod["metadata"]["namespace"], service, trigger="model download")
     uid = pod["metadata"]["uid"]
     _queue_status(memo, pod)
     tasks: dict[str, asyncio.Task[None]] = memo.warmup_tasks

@@ -48,6 +48,7 @@ from kiln_operator.k8s.resources import (
 )
 from kiln_operator.status import Event, compute_status
 from kiln_operator.status.compute import ChildProblem, Observation
+from kiln_operator.status.download import model_download_failure
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +182,9 @@ class Reconciler:
             selector=label_selector_string(owner.name),
             url=http_url(owner),
             grpc_address=grpc_address(owner),
+            download_failure=model_download_failure(
+                self._cache.pods_of(owner.namespace, owner.name)
+            ),
         )
         update = compute_status(body.get("status") or {}, observation, datetime.now(UTC))
         if update.patch is not None:

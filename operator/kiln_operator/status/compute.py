@@ -88,6 +88,8 @@ class Observation:
     """The service's pods as the operator's watch last saw them: where causes are read from."""
     min_replicas: int | None = None
     """spec.autoscaling.minReplicas of the valid spec; None while the spec is invalid."""
+    download_failure: str | None = None
+    """A pod's fetch init container's failure (status.download), else None."""
 
 
 def _conditions(
@@ -231,6 +233,8 @@ def _conditions(
             # Pods of the current spec serve; a scale-up's new pods may still be warming up.
             ready = (True, constants.REASON_AVAILABLE, state.detail)
 
+    if observation.download_failure is not None and not ready[0]:
+        ready = (False, constants.REASON_MODEL_DOWNLOAD_FAILED, observation.download_failure)
     if observation.child_problems:
         first = observation.child_problems[0]
         message = "; ".join(problem.message for problem in observation.child_problems)
@@ -278,6 +282,15 @@ def _events(previous: list[Condition], current: list[Condition]) -> list[Event]:
     ):
         events.append(Event("Warning", new_ready["reason"], new_ready["message"]))
         return events
+    if (
+        new_ready is not None
+        and new_ready["reason"] == constants.REASON_MODEL_DOWNLOAD_FAILED
+        and (old_ready is None or old_ready.get("message") != new_ready["message"])
+        and (old_ready is None or old_ready.get("status") == new_ready["status"])
+    ):  # no Ready transition announces it: say it once per message
+        events.append(
+            Event("Warning", constants.REASON_MODEL_DOWNLOAD_FAILED, new_ready["message"])
+        )
     if new_ready is not None and (
         old_ready is None or old_ready.get("status") != new_ready["status"]
     ):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln_operator import constants
+from kiln_operator.status.download import model_download
 from kiln_operator.warmup.plan import REASON_GATE_DISABLED, REASON_WARMING, percentile
 
 Pod = dict[str, Any]
@@ -128,6 +129,8 @@ class WarmupSummary:
     last_cold_start_seconds: float | None
     cold_start_p50_seconds: float | None
     cold_start_p90_seconds: float | None
+    last_download_seconds: float | None = None
+    last_download_bytes: int | None = None
 
 
 def summary_status(summary: WarmupSummary) -> dict[str, Any]:
@@ -139,6 +142,8 @@ def summary_status(summary: WarmupSummary) -> dict[str, Any]:
         "lastColdStartSeconds": summary.last_cold_start_seconds,
         "coldStartP50Seconds": summary.cold_start_p50_seconds,
         "coldStartP90Seconds": summary.cold_start_p90_seconds,
+        "lastDownloadSeconds": summary.last_download_seconds,
+        "lastDownloadBytes": summary.last_download_bytes,
     }
     return {key: value for key, value in fields.items() if value is not None}
 
@@ -156,6 +161,7 @@ def summarize(pods: list[Pod]) -> WarmupSummary:
     ]
     starts = sorted(seconds for _, seconds in warmed)
     latest = max(warmed, key=lambda item: _warmed_at(item[0]), default=None)
+    download = model_download(latest[0]) if latest else None
     return WarmupSummary(
         warm_replicas=len(warmed),
         failed_replicas=len(failed),
@@ -165,6 +171,8 @@ def summarize(pods: list[Pod]) -> WarmupSummary:
         last_cold_start_seconds=latest[1] if latest else None,
         cold_start_p50_seconds=percentile(starts, 50) if starts else None,
         cold_start_p90_seconds=percentile(starts, 90) if starts else None,
+        last_download_seconds=download.seconds if download else None,
+        last_download_bytes=download.bytes if download else None,
     )
 
 

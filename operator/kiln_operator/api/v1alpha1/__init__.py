@@ -13,7 +13,7 @@ from kiln_operator.api.v1alpha1.inferenceservice import (
     InferenceServiceSpec,
     InferenceServiceStatus,
 )
-from kiln_operator.api.v1alpha1.model import ModelSpec, TensorSpec
+from kiln_operator.api.v1alpha1.model import ModelSpec, ModelStorage, TensorSpec
 from kiln_operator.api.v1alpha1.resources import ResourcesSpec, Toleration
 from kiln_operator.api.v1alpha1.runtime import BatchingSpec, OptimizationSpec, RuntimeSpec
 from kiln_operator.api.v1alpha1.warmup import WarmupSpec
@@ -28,6 +28,7 @@ __all__ = [
     "InferenceServiceSpec",
     "InferenceServiceStatus",
     "ModelSpec",
+    "ModelStorage",
     "OptimizationSpec",
     "PrewarmSpec",
     "ResourcesSpec",

@@ -64,3 +64,8 @@ class WarmupStatus(ApiModel):
     cold_start_p90_seconds: Annotated[float | None, Field(ge=0)] = None
     """90th percentile creation-to-warmed-up time of the warm pods: the autoscaler's pre-warm
     lead time when a schedule sets none."""
+    last_download_seconds: Annotated[float | None, Field(ge=0)] = None
+    """The model download's share of lastColdStartSeconds (s3:// and https:// models): the
+    fetch init container's own time, 0 when the pod's volume already held the model."""
+    last_download_bytes: Annotated[int | None, Field(ge=0)] = None
+    """Bytes that download fetched."""
