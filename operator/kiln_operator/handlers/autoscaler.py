@@ -25,6 +25,23 @@ EVENT_SCALED_DOWN = "ScaledDown"
 EVENT_INVALID_STATE = "InvalidAutoscalerState"
 
 
+def shared_autoscaler(memo: Any) -> Autoscaler:
+    """The operator's one Autoscaler: its Prometheus sources, memory and own writes are shared
+    by every service's loop."""
+    autoscaler: Autoscaler | None = memo.get("autoscaler")
+    if autoscaler is None:
+        autoscaler = memo.autoscaler = Autoscaler(memo.kube, memo.cache, PROMETHEUS_URL)
+    return autoscaler
+
+
+@kopf.on.cleanup()
+async def autoscaler_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the Prometheus threads."""
+    autoscaler: Autoscaler | None = memo.get("autoscaler")
+    if autoscaler is not None:
+        autoscaler.close()
+
+
 @kopf.daemon(
     constants.GROUP, constants.VERSION, constants.PLURAL,
     cancellation_timeout=5.0, initial_delay=1.0,
@@ -34,7 +51,7 @@ async def inferenceservice_autoscaler(
     stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any,
 ) -> None:  # fmt: skip
     """Evaluate, act, sleep for the service's interval; until the service is deleted."""
-    autoscaler = Autoscaler(memo.kube, memo.cache, PROMETHEUS_URL)
+    autoscaler = shared_autoscaler(memo)
     while not stopped:
         interval = RETRY_SECONDS
         try:
@@ -63,3 +80,4 @@ async def inferenceservice_autoscaler(
                         f" ({decision.reason}): {decision.message}"[:1024],
                     )
         await stopped.wait(interval)
+    autoscaler.forget(namespace or "", name)

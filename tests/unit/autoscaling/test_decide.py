@@ -9,6 +9,7 @@ import pytest
 
 from kiln_operator.api.v1alpha1.autoscaling import AutoscalingSpec, PrewarmSpec, SloSpec
 from kiln_operator.autoscaling import reasons
+from kiln_operator.autoscaling.capacity import BatchWindow
 from kiln_operator.autoscaling.policy import Observation, ScalingSpec, decide
 from kiln_operator.autoscaling.state import InvalidScalerState, ScalerState
 
@@ -53,6 +54,11 @@ def seen(
 
 
 MEASURED = ScalerState(capacity_per_replica=100.0, capacity_measured=True)
+FULL_BATCHES = BatchWindow(
+    rows_per_second=400.0, batches_per_second=12.5, compute_seconds_per_second=4.0,
+    ok_per_second=400.0,
+)  # fmt: skip
+"""Four replicas computing full batches of 32 rows in 0.32 s: 100 requests/s per replica."""
 
 
 class Case(NamedTuple):
@@ -135,7 +141,7 @@ TABLE = [
             6,
             # 400 answered + the queue grew 0 -> 400 in 15 s (+26.7/s): arrivals 426.7/s,
             # 26.7/s beyond the 4 ready replicas; (426.7 + 26.7) / 75 -> 7, more than the 6.
-            seen(4, p99=0.9, queue=100, rate=400, replica_capacity_rps=100.0),
+            seen(4, p99=0.9, queue=100, rate=400, batches=FULL_BATCHES),
             ScalerState(
                 last_scale_up_at=ago(30),
                 last_scale_at=ago(30),

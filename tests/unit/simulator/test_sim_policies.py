@@ -15,7 +15,7 @@ from kiln_operator.simulator.policies import (
     KnativePolicy,
     Schedule,
 )
-from kiln_operator.simulator.prometheus import PrometheusView, Scrapes
+from kiln_operator.simulator.prometheus import BatchCounters, PrometheusView, Scrapes
 
 
 def view(
@@ -39,6 +39,12 @@ def view(
             queue=queue,
             busy_seconds=busy_per_scrape * step,
             ready=ready,
+            batches=BatchCounters(
+                rows=requests_per_scrape * step,
+                batches=requests_per_scrape * step // 8,
+                compute_seconds=busy_per_scrape * step,
+                ok=requests_per_scrape * step,
+            ),
         )
     return PrometheusView(store, outage)
 
@@ -112,7 +118,7 @@ def kiln() -> KilnPolicy:
         20,
         [],
         cold_start_seconds=120.0,
-        capacity_per_replica=4.0,
+        max_batch_size=8,
     )
 
 
