@@ -21,10 +21,11 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-DECAY = 0.97
-"""Weight kept by the older points at each new one: about 30 evaluations of memory, so the fit
-follows a model or hardware change within minutes and noise averages out."""
-MIN_ROWS_SPREAD = 0.5
+DECAY = 0.995
+"""Weight kept by the older points at each new one: about 200 evaluations of memory (50 min at
+15 s), long enough for the diurnal swing of the load to spread the batch sizes, short enough
+to follow a new model version within the hour. Noise averages out over the points."""
+MIN_ROWS_SPREAD = 0.2
 """The standard deviation of the mean batch sizes seen (rows) needed to trust a slope."""
 
 
