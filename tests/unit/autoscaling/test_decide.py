@@ -324,6 +324,28 @@ def test_idle_nan_latency_is_healthy_not_missing() -> None:
     assert decision.state.healthy_since == NOW
 
 
+def test_no_traffic_reads_as_no_traffic_never_as_a_latency_of_zero() -> None:
+    idle = seen(2, p99=0.0, rate=0, queue=0)  # some exporters answer 0, not NaN
+    decision = decide(2, idle, make_spec(), MEASURED, NOW)
+    assert decision.message.startswith("no traffic, ")
+    assert "p99" not in decision.message
+    observed = decision.status(idle).observed
+    assert observed.p99_latency_milliseconds is None
+    assert observed.requests_per_second == 0
+
+
+def test_capacity_from_the_batch_metrics_reaches_the_state_and_the_status() -> None:
+    observed = seen(4, p99=0.05, rate=400, queue=0.5, batches=FULL_BATCHES)
+    decision = decide(4, observed, make_spec(), ScalerState(), NOW)
+    assert decision.state.capacity_per_replica == pytest.approx(100.0)
+    assert decision.state.capacity_measured
+    capacity = decision.status(observed).capacity
+    assert capacity is not None and capacity.measured
+    assert capacity.requests_per_second_per_replica == pytest.approx(100.0)
+    # 400 req/s at 75 % of 100 per replica needs 6: the headroom scale-up can fire.
+    assert (decision.desired_replicas, decision.reason) == (6, reasons.HEADROOM_LOW)
+
+
 def test_flapping_input_never_scales_down_and_changes_direction_rarely() -> None:
     spec = make_spec()
     state = MEASURED
