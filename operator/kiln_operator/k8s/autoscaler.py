@@ -170,8 +170,8 @@ class Autoscaler:
         conditions = current_status.get("conditions") or []
         condition = metrics_condition(conditions, decision, body, now)
         new_status = decision.status(observed).model_copy(update={"updated_at": now})
-        if condition not in conditions or status_needs_write(
-            _parsed_status(current_status.get("autoscaling")), new_status, now
+        if not _condition_holds(conditions, condition) or status_needs_write(
+            _parsed_status(current_status.get("autoscaling")), new_status
         ):
             status = new_status.model_dump(by_alias=True, mode="json", exclude_none=True)
             written = await self.kube.apply_status(
@@ -250,3 +250,11 @@ def _parsed_status(written: Any) -> AutoscalingStatus | None:
         return AutoscalingStatus.model_validate(written)
     except ValueError:
         return None
+
+
+def _condition_holds(conditions: list[dict[str, Any]], condition: dict[str, Any]) -> bool:
+    """Whether the written conditions already say what `condition` says. The message is not
+    compared: while blind it carries numbers (the metrics' age) that change at every pass."""
+    written = find_condition(conditions, condition["type"])
+    keys = ("status", "reason", "observedGeneration")
+    return written is not None and all(written.get(k) == condition.get(k) for k in keys)

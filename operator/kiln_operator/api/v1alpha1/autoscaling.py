@@ -304,4 +304,4 @@ class AutoscalingStatus(ApiModel):
     updated_at: datetime | None = None
     """When the autoscaler last wrote this status. It writes only when something a reader would
     act on changed (desired replicas, reason, a condition, a metric outside its band: see
-    docs/autoscaling.md), and at least every 5 minutes while it evaluates."""
+    docs/autoscaling.md), so a steady service's status keeps the values of its last change."""
