@@ -9,7 +9,8 @@ new status or state differs from the written one in a way that matters:
   scale time, the ready replicas or the capacity's kind changed; traffic started or stopped;
   or a metric left its band around the written value (`BANDS`). There is no heartbeat: at
   1,000 steady services even one write per service per hour would be 17 writes a minute;
-  the operator's own metrics and logs say whether it evaluates;
+  the operator's own metrics (`kiln_operator_autoscaler_evaluations_total`) say whether it
+  evaluates;
 - state: anything `decide` needs after a restart changed (cooldowns, health since, the
   window, whether capacity is measured), or the capacity left its band. The queue last seen
   and the fit's sums are kept in memory between evaluations and written only with those.
