@@ -53,8 +53,6 @@ class PrometheusSource:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prometheus")
         self._snapshots: dict[int, Snapshot] = {}
         self._refreshing: dict[int, asyncio.Future[Snapshot]] = {}
-        self.queries = 0
-        """Queries sent so far (the operator benchmark reads it)."""
 
     async def snapshot(self, window_seconds: int, max_age_seconds: float) -> Snapshot:
         """The signals of every service over this window, at most `max_age_seconds` old."""
@@ -78,7 +76,6 @@ class PrometheusSource:
 
     def _query(self, window_seconds: int) -> Snapshot:
         taken_at = time.monotonic()
-        self.queries += 1
         try:
             result = self._prometheus.custom_query(grouped_query(window_seconds))
             return Snapshot(taken_at, services=fan_out(result))
@@ -92,7 +89,6 @@ class PrometheusSource:
             "sum by (pod) (kiln_inflight_requests"
             f'{{namespace="{namespace}",inferenceservice="{service}"}})'
         )
-        self.queries += 1
         try:
             result = self._prometheus.custom_query(query)
         except (requests.RequestException, PrometheusApiClientException):

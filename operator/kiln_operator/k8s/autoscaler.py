@@ -86,8 +86,6 @@ class Autoscaler:
         self.cache = cache
         self.default_prometheus_url = default_prometheus_url
         self.sources: dict[str, PrometheusSource] = {}
-        self.writes = 0
-        """API writes so far (the operator benchmark reads it)."""
         self._memory: dict[tuple[str, str], tuple[str | None, ScalerState]] = {}
         self._own_versions: dict[tuple[str, str], deque[str]] = {}
 
@@ -111,7 +109,6 @@ class Autoscaler:
             source.close()
 
     def _written(self, namespace: str, name: str, body: dict[str, Any]) -> None:
-        self.writes += 1
         self.cache.store(INFERENCE_SERVICES.plural, body)
         version = body.get("metadata", {}).get("resourceVersion")
         if version:
@@ -199,7 +196,6 @@ class Autoscaler:
                 {"spec": {"replicas": decision.desired_replicas}},
                 subresource="scale",
             )
-            self.writes += 1
         return Evaluation(
             decision=decision,
             previous_replicas=current,
@@ -238,7 +234,6 @@ class Autoscaler:
                 pod_name,
                 {"metadata": {"annotations": {DELETION_COST_ANNOTATION: str(cost)}}},
             )
-            self.writes += 1
             self.cache.store(PODS.plural, written)
 
 
