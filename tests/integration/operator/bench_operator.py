@@ -50,7 +50,7 @@ RESYNC_SECONDS = 300.0
 """The operator's default: no resync (which reads the API server) starts while converging."""
 SCRAPE_SECONDS = 15.0
 """Prometheus' default scrape interval, and the autoscaler's default evaluation interval."""
-STEADY_SECONDS = 180.0
+STEADY_SECONDS = 120.0
 TARGET_WRITES_PER_MINUTE = 5.0
 TARGET_QUERIES_PER_CYCLE = 10.0
 TARGET_CPU_CORES = 0.25
@@ -595,12 +595,13 @@ def main(argv: list[str] | None = None) -> int:
     info = local.info() or local.up()
     cluster = Cluster(info)
     cluster.kubectl("apply", "-k", str(REPO / "crds"))
-    cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/inferenceservices.serving.kiln.dev",
-    )
+    wait_for(  # a CRD just applied may have no conditions yet: kubectl wait then fails
+        lambda: cluster.kubectl(
+            "wait", "--for=condition=Established", "--timeout=60s",
+            "crd/inferenceservices.serving.kiln.dev",
+        ),
+        timeout=120, interval=2, description="the CRD established",
+    )  # fmt: skip
     work = REPO / ".kiln" / "bench-operator"
     work.mkdir(parents=True, exist_ok=True)
     results = []

@@ -150,12 +150,14 @@ def test_one_query_per_cycle_for_every_service_and_a_quiet_steady_status(
         )
 
     def read(name: str) -> dict[str, Any] | None:
+        """The status once the warm-up gate's requests have left the 15 s rate window."""
         status = autoscaling_status(cluster, namespace, name)
-        return status if status.get("metricsAvailable") else None
+        idle = status.get("observed", {}).get("requestsPerSecond") == 0
+        return status if status.get("metricsAvailable") and idle else None
 
     for name in names:
         status = wait_for(
-            functools.partial(read, name), timeout=60, description=f"{name}'s metrics read"
+            functools.partial(read, name), timeout=90, description=f"{name} idle, read"
         )
         # No traffic reads as no traffic: no p99 of 0, the message says so.
         assert "p99LatencyMilliseconds" not in status["observed"]

@@ -73,6 +73,8 @@ def test_one_query_serves_every_service_and_every_concurrent_evaluation(
         )
 
     wait_for(every_service_has_a_rate, timeout=60, interval=1, description="rates of all")
+    source.close()
+    source = PrometheusSource(prometheus_url)  # no snapshot yet
     before = queries_answered(prometheus_url)
 
     async def evaluations() -> None:
