@@ -41,19 +41,36 @@ EVENT_SCALED_DOWN = "ScaledDown"
 EVENT_INVALID_STATE = "InvalidAutoscalerState"
 
 
+SHARED = "autoscaler"
+
+
+@kopf.on.startup()
+async def autoscaler_startup(memo: kopf.Memo, **_: Any) -> None:
+    """A slot in the operator-wide memo for the one Autoscaler. Handlers receive per-object
+    shallow copies of the memo, so an attribute set from a handler would stay with one
+    InferenceService; this dict is shared by every copy."""
+    memo.shared_autoscaler = {}
+
+
 def shared_autoscaler(memo: Any) -> Autoscaler:
     """The operator's one Autoscaler: its Prometheus sources, memory and own writes are shared
     by every service's loop."""
-    autoscaler: Autoscaler | None = memo.get("autoscaler")
-    if autoscaler is None:
-        autoscaler = memo.autoscaler = Autoscaler(memo.kube, memo.cache, PROMETHEUS_URL)
-    return autoscaler
+    slot: dict[str, Autoscaler] = memo.shared_autoscaler
+    if SHARED not in slot:
+        slot[SHARED] = Autoscaler(memo.kube, memo.cache, PROMETHEUS_URL)
+    return slot[SHARED]
+
+
+def existing_autoscaler(memo: Any) -> Autoscaler | None:
+    """The operator's Autoscaler if a service's loop has created it."""
+    slot: dict[str, Autoscaler] = memo.get("shared_autoscaler") or {}
+    return slot.get(SHARED)
 
 
 @kopf.on.cleanup()
 async def autoscaler_cleanup(memo: kopf.Memo, **_: Any) -> None:
     """Stop the Prometheus threads."""
-    autoscaler: Autoscaler | None = memo.get("autoscaler")
+    autoscaler = existing_autoscaler(memo)
     if autoscaler is not None:
         autoscaler.close()
 

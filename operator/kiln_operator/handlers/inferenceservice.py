@@ -121,7 +121,9 @@ async def inferenceservice_event(
     version = meta.get("resourceVersion")
     if type is not None and memo.reconciler.is_own_write(constants.PLURAL, ns, name, version):
         return
-    autoscaler = memo.get("autoscaler")  # its status and state writes: nothing to reconcile
+    # The autoscaler's status and state writes: nothing to reconcile. Looked up, not imported:
+    # importing its module would register its handlers in a reconcile-only operator.
+    autoscaler = (memo.get("shared_autoscaler") or {}).get("autoscaler")
     if type is not None and autoscaler is not None and autoscaler.is_own_write(ns, name, version):
         return
     _queue_reconcile(memo, ns, name, type, trigger="spec")
