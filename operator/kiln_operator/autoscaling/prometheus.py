@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
+from requests.adapters import Retry
 
 from kiln_operator.autoscaling.capacity import BatchWindow
 from kiln_operator.autoscaling.policy import Observation
@@ -47,8 +48,10 @@ class PrometheusSource:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        # No retries inside a refresh: the client's default retries a broken connection three
+        # times with backoff (26 s against a hung endpoint); the next evaluation is the retry.
         self._prometheus = PrometheusConnect(
-            url=url, disable_ssl=True, timeout=QUERY_TIMEOUT_SECONDS
+            url=url, disable_ssl=True, timeout=QUERY_TIMEOUT_SECONDS, retry=Retry(total=0)
         )
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prometheus")
         self._snapshots: dict[int, Snapshot] = {}
