@@ -83,9 +83,10 @@ def load(cluster: Cluster, namespace: str, service: str) -> Iterator[None]:
 def started_service(
     cluster: Cluster, namespace: str, name: str, prometheus: LocalPrometheus, **autoscaling: Any
 ) -> None:
+    """Apply the service and wait until it serves (the first pod of a fresh cluster is slow)."""
     apply(cluster, namespace, scaled_service(name, prometheus, **autoscaling))
     wait_for(
-        lambda: ready_endpoints(cluster.info, namespace, name), timeout=120,
+        lambda: ready_endpoints(cluster.info, namespace, name), timeout=240,
         description=f"{name} serving",
     )  # fmt: skip
 
