@@ -101,8 +101,8 @@ run-operator: venv ## Run the operator in the foreground against $KUBECONFIG (de
 	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/inferenceservices.serving.kiln.dev
 	$(PY) -m kiln_operator run
 
-bench-operator: venv ## 100 and 1000 InferenceServices at once on the local cluster -> docs/benchmarks/operator.md
-	$(PY) -m tests.integration.operator.bench_operator --counts 100 1000 --out docs/benchmarks/operator.md
+bench-operator: venv ## 100 and 1000 InferenceServices at once, and the autoscaler at steady load, on the local cluster -> docs/benchmarks/operator.md
+	$(PY) -m tests.integration.operator.bench_operator --counts 100 1000 --autoscaler-counts 100 1000 --out docs/benchmarks/operator.md
 
 bench-pinning: venv system-deps docker-up ## gRPC calls per pod after 1 -> 3 on the real node, with and without a max connection age -> docs/benchmarks/grpc-pinning.md
 	$(PY) -m tests.e2e.bench_grpc_pinning --out docs/benchmarks

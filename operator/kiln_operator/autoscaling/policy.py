@@ -28,12 +28,14 @@ from datetime import datetime, timedelta
 from kiln_operator.api.v1alpha1.autoscaling import (
     AutoscalingSpec,
     AutoscalingStatus,
+    CapacityStatus,
     ObservedMetrics,
     PrewarmSpec,
     SloSpec,
     WindowStatus,
 )
 from kiln_operator.autoscaling import reasons
+from kiln_operator.autoscaling.capacity import BatchWindow, CapacityFit
 from kiln_operator.autoscaling.schedule import Window, governing_window, require_utc, windows_at
 from kiln_operator.autoscaling.state import ScalerState, WindowState
 
@@ -50,6 +52,8 @@ class ScalingSpec:
     slo: SloSpec
     autoscaling: AutoscalingSpec = field(default_factory=AutoscalingSpec)
     prewarm: PrewarmSpec = field(default_factory=PrewarmSpec)
+    max_batch_size: int = 32
+    """`spec.runtime.batching.maxBatchSize`: where the capacity is read off the batch-time fit."""
 
 
 @dataclass(frozen=True)
@@ -68,9 +72,9 @@ class Observation:
     requests_per_second: float | None = None
     cold_start_seconds: float | None = None
     """The warm-up gate's measured pod-creation-to-ready time, if known."""
-    replica_capacity_rps: float | None = None
-    """Requests per second one replica serves with full batches, from the warm-up gate's
-    batch timings (largest batch size / its latency); learned from saturation when absent."""
+    batches: BatchWindow | None = None
+    """The service's batch rows, batch count, compute time and successful requests over the
+    metrics window: the capacity estimate's input (`autoscaling.capacity`)."""
     metrics_error: str | None = None
 
 
@@ -88,6 +92,9 @@ class Decision:
     def status(self, observed: Observation) -> AutoscalingStatus:
         """The `status.autoscaling` object for this decision."""
         p99 = observed.p99_latency_seconds
+        if not observed.requests_per_second:
+            p99 = None  # no traffic: there is no latency to show, not a latency of 0
+        capacity = self.state.capacity_per_replica
         return AutoscalingStatus(
             desired_replicas=self.desired_replicas,
             reason=self.reason,
@@ -111,6 +118,12 @@ class Decision:
                 floor_warm_at_open=self.window.floor_warm_at_open,
             ),
             last_scale_time=self.state.last_scale_at,
+            capacity=None
+            if capacity is None or not math.isfinite(capacity)
+            else CapacityStatus(
+                requests_per_second_per_replica=round(capacity, 2),
+                measured=self.state.capacity_measured,
+            ),
         )
 
 
@@ -245,24 +258,32 @@ def _sighted_proposal(
     queue_ratio = queue_per_replica / scaling.queue_depth_per_replica
     saturated = queue_ratio >= 1.0
 
-    declared = observed.replica_capacity_rps
+    fit = state.capacity_fit
+    if observed.batches is not None:
+        fit = (fit or CapacityFit()).add(observed.batches)
+    estimate = None if fit is None else fit.estimate(spec.max_batch_size)
     capacity: float | None
-    if declared is not None and math.isfinite(declared) and declared > 0:
-        capacity, measured = declared, True
+    if estimate is not None:
+        capacity, measured = estimate.requests_per_second, estimate.fitted
     else:
         capacity, measured = _update_capacity(state, rate, ready, saturated)
     queue_total = queue_per_replica * ready
     growth = _queue_growth(state, queue_total, observed, now)
     demand = rate + growth  # arrivals: answered requests plus the queue's growth
+    latency = (
+        f"p99 {p99_seconds * 1000:.0f}ms (target {spec.slo.p99_latency_milliseconds:.0f}ms)"
+        if rate > 0
+        else "no traffic"
+    )
     signals = (
-        f"p99 {p99_seconds * 1000:.0f}ms (target {spec.slo.p99_latency_milliseconds:.0f}ms), "
-        f"queue/replica {queue_per_replica:.1f} (target {scaling.queue_depth_per_replica:g}), "
-        f"{rate:.1f} req/s on {ready} ready"
+        f"{latency}, queue/replica {queue_per_replica:.1f} "
+        f"(target {scaling.queue_depth_per_replica:g}), {rate:.1f} req/s on {ready} ready"
     )
     base = state.model_copy(
         update={
             "capacity_per_replica": capacity,
             "capacity_measured": measured,
+            "capacity_fit": fit,
             "last_queue_total": queue_total,
             "last_observed_at": observed.observed_at,
         }

@@ -1,115 +1,99 @@
-"""The autoscaler's Prometheus adapter: the PromQL it runs and the Observation it returns.
+"""The autoscaler's Prometheus adapter: one grouped query per endpoint and window, shared.
 
-Why it exists: `decide` is pure and takes an `Observation`; this is the one place that talks to
-Prometheus (with `prometheus-api-client`) to fill it. Every failure — Prometheus down, a query
-error, NaN — becomes data in the Observation (`metrics_error`, or None for a metric), never an
-exception, so the policy can apply the declared missing-metrics behaviour.
+Why it exists: this is the one place that talks to Prometheus (with `prometheus-api-client`).
+Each Prometheus endpoint has one `PrometheusSource`: one reused client, one worker thread of
+its own (a slow or unreachable Prometheus occupies only its own thread, so services read from
+other endpoints are not delayed), and per rate window one snapshot of every service's signals
+(`autoscaling.signals.grouped_query`). A service's evaluation takes the snapshot if it is
+younger than half the service's interval; otherwise it refreshes it, and every evaluation that
+asks meanwhile waits for that same refresh. So a cycle costs a constant number of queries per
+endpoint and window, whatever the number of services.
 
-The runtime's metrics carry the labels Prometheus' standard Kubernetes pod discovery attaches
-(docs/autoscaling.md gives the scrape config): `namespace`, `pod`, and `inferenceservice`
-(from the pod label `serving.kiln.dev/inferenceservice`).
+Every failure (Prometheus down, a query error, a timeout) becomes data — the snapshot's
+`error` — never an exception, so the policy can apply the declared missing-metrics behaviour.
 """
 
+import asyncio
 import math
-from dataclasses import dataclass
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
+from requests.adapters import Retry
 
+from kiln_operator.autoscaling.capacity import BatchWindow
 from kiln_operator.autoscaling.policy import Observation
+from kiln_operator.autoscaling.signals import ServiceKey, ServiceSignals, fan_out, grouped_query
 
 QUERY_TIMEOUT_SECONDS = 5
+"""One query's limit; the grouped query is the only one per refresh."""
 
 
 @dataclass(frozen=True)
-class Queries:
-    """The PromQL for one InferenceService over one rate window."""
+class Snapshot:
+    """Every service's signals from one grouped query, or why it failed."""
 
-    namespace: str
-    service: str
-    window_seconds: int
-
-    @property
-    def selector(self) -> str:
-        return f'namespace="{self.namespace}",inferenceservice="{self.service}"'
-
-    @property
-    def p99_seconds(self) -> str:
-        """End-to-end p99 across the service's pods: buckets summed by `le`, then the quantile."""
-        return (
-            "histogram_quantile(0.99, sum by (le) (rate(kiln_request_duration_seconds_bucket"
-            f"{{{self.selector}}}[{self.window_seconds}s])))"
-        )
-
-    @property
-    def requests_per_second(self) -> str:
-        return f"sum(rate(kiln_requests_total{{{self.selector}}}[{self.window_seconds}s]))"
-
-    @property
-    def queue_depth(self) -> str:
-        """Requests waiting in every pod's batcher queue, summed."""
-        return f"sum(kiln_queue_depth{{{self.selector}}})"
-
-    @property
-    def freshest_sample(self) -> str:
-        """When the newest queue-depth sample was scraped: how stale the metrics are."""
-        return f"max(timestamp(kiln_queue_depth{{{self.selector}}}))"
-
-    @property
-    def inflight_by_pod(self) -> str:
-        return f"sum by (pod) (kiln_inflight_requests{{{self.selector}}})"
+    taken_at: float
+    """`time.monotonic()` when the query was sent."""
+    services: dict[ServiceKey, ServiceSignals] = field(default_factory=dict)
+    error: str | None = None
 
 
-class PrometheusReader:
-    """Reads one InferenceService's signals. Blocking (requests); call it from a thread."""
+class PrometheusSource:
+    """One Prometheus endpoint: a client, a thread, a snapshot per rate window."""
 
     def __init__(self, url: str) -> None:
         self.url = url
+        # No retries inside a refresh: the client's default retries a broken connection three
+        # times with backoff (26 s against a hung endpoint); the next evaluation is the retry.
         self._prometheus = PrometheusConnect(
-            url=url, disable_ssl=True, timeout=QUERY_TIMEOUT_SECONDS
+            url=url, disable_ssl=True, timeout=QUERY_TIMEOUT_SECONDS, retry=Retry(total=0)
         )
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prometheus")
+        self._snapshots: dict[int, Snapshot] = {}
+        self._refreshing: dict[int, asyncio.Future[Snapshot]] = {}
 
-    def _scalar(self, query: str) -> float | None:
-        result = self._prometheus.custom_query(query)
-        if not result:
-            return None
-        return float(result[0]["value"][1])
+    async def snapshot(self, window_seconds: int, max_age_seconds: float) -> Snapshot:
+        """The signals of every service over this window, at most `max_age_seconds` old."""
+        current = self._snapshots.get(window_seconds)
+        if current is not None and time.monotonic() - current.taken_at <= max_age_seconds:
+            return current
+        pending = self._refreshing.get(window_seconds)
+        if pending is None:
+            pending = asyncio.ensure_future(self._refresh(window_seconds))
+            self._refreshing[window_seconds] = pending
+        return await asyncio.shield(pending)
 
-    def observe(
-        self, namespace: str, service: str, window_seconds: int, ready_replicas: int
-    ) -> Observation:
-        """The Observation for `decide`; `metrics_error` says why Prometheus could not be read."""
-        queries = Queries(namespace, service, window_seconds)
+    async def _refresh(self, window_seconds: int) -> Snapshot:
         try:
-            freshest = self._scalar(queries.freshest_sample)
-            p99 = self._scalar(queries.p99_seconds)
-            rate = self._scalar(queries.requests_per_second)
-            queue = self._scalar(queries.queue_depth)
+            loop = asyncio.get_running_loop()
+            snapshot = await loop.run_in_executor(self._thread, self._query, window_seconds)
+            self._snapshots[window_seconds] = snapshot
+            return snapshot
+        finally:
+            self._refreshing.pop(window_seconds, None)
+
+    def _query(self, window_seconds: int) -> Snapshot:
+        taken_at = time.monotonic()
+        try:
+            result = self._prometheus.custom_query(grouped_query(window_seconds))
+            return Snapshot(taken_at, services=fan_out(result))
         except (requests.RequestException, PrometheusApiClientException, ValueError) as error:
-            return Observation(
-                ready_replicas=ready_replicas,
-                metrics_error=f"Prometheus at {self.url} unreadable: {error}",
-            )
-        if freshest is None:
-            return Observation(
-                ready_replicas=ready_replicas,
-                metrics_error=f"no kiln_queue_depth series for {namespace}/{service} in Prometheus",
-            )
-        return Observation(
-            ready_replicas=ready_replicas,
-            observed_at=datetime.fromtimestamp(freshest, UTC),
-            p99_latency_seconds=p99,
-            queue_depth_per_replica=None if queue is None else queue / max(ready_replicas, 1),
-            requests_per_second=None if rate is None or math.isnan(rate) else rate,
-        )
+            return Snapshot(taken_at, error=f"Prometheus at {self.url} unreadable: {error}")
 
     def inflight_by_pod(self, namespace: str, service: str) -> dict[str, float]:
-        """Requests in flight per pod name (for pod-deletion-cost); empty when unreadable."""
-        queries = Queries(namespace, service, window_seconds=60)
+        """Requests in flight per pod name (for pod-deletion-cost, before a scale-down only);
+        empty when unreadable. Blocking: call it in a thread."""
+        query = (
+            "sum by (pod) (kiln_inflight_requests"
+            f'{{namespace="{namespace}",inferenceservice="{service}"}})'
+        )
         try:
-            result = self._prometheus.custom_query(queries.inflight_by_pod)
+            result = self._prometheus.custom_query(query)
         except (requests.RequestException, PrometheusApiClientException):
             return {}
         return {
@@ -117,3 +101,41 @@ class PrometheusReader:
             for item in result
             if item["metric"].get("pod")
         }
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+def observation(snapshot: Snapshot, key: ServiceKey, ready_replicas: int) -> Observation:
+    """The Observation for `decide` of one service, from its endpoint's snapshot."""
+    if snapshot.error is not None:
+        return Observation(ready_replicas=ready_replicas, metrics_error=snapshot.error)
+    signals = snapshot.services.get(key)
+    if signals is None or signals.freshest is None:
+        namespace, name = key
+        return Observation(
+            ready_replicas=ready_replicas,
+            metrics_error=f"no kiln_queue_depth series for {namespace}/{name} in Prometheus",
+        )
+    queue = signals.queue_depth
+    return Observation(
+        ready_replicas=ready_replicas,
+        observed_at=datetime.fromtimestamp(signals.freshest, UTC),
+        p99_latency_seconds=signals.p99_seconds,
+        queue_depth_per_replica=None if queue is None else queue / max(ready_replicas, 1),
+        requests_per_second=signals.requests_per_second,
+        batches=_batches(signals),
+    )
+
+
+def _batches(signals: ServiceSignals) -> BatchWindow | None:
+    values = (
+        signals.rows_per_second,
+        signals.batches_per_second,
+        signals.compute_seconds_per_second,
+        signals.ok_per_second,
+    )
+    if any(v is None or not math.isfinite(v) for v in values):
+        return None
+    rows, batches, compute, ok = (float(v or 0.0) for v in values)
+    return BatchWindow(rows, batches, compute, ok)

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from kiln_operator.autoscaling.capacity import CapacityFit
+
 STATE_ANNOTATION = "serving.kiln.dev/autoscaler-state"
 """The annotation key holding `ScalerState` as JSON."""
 
@@ -45,7 +47,10 @@ class ScalerState(BaseModel):
     capacity_per_replica: float | None = None
     """Requests per second one ready replica serves at saturation (or the best lower bound)."""
     capacity_measured: bool = False
-    """True once the capacity was observed at saturation rather than only bounded below."""
+    """True once the capacity was read off the batch-time fit (or observed at saturation)
+    rather than only bounded below."""
+    capacity_fit: CapacityFit | None = None
+    """The batch-time fit the capacity is read from (`autoscaling.capacity`)."""
     last_queue_total: float | None = None
     last_observed_at: datetime | None = None
     window: WindowState | None = None

@@ -118,16 +118,21 @@ async def inferenceservice_event(
     **_: Any,
 ) -> None:
     """Cache the newest copy and queue a reconcile, unless the event only echoes the reconcile
-    loop's own status write (a listing after a start reads afresh: see _queue_reconcile)."""
+    loop's or the autoscaler's own write (a listing after a start reads afresh: see
+    _queue_reconcile)."""
     memo.cache.observe(constants.PLURAL, type, body)
     ns = _namespaced(namespace)
     if type == "DELETED" or meta.get("deletionTimestamp"):
         memo.reconciler.forget(ns, name)  # the garbage collector removes the children
         memo.workqueue.forget(ns, name)
         return
-    if type is not None and memo.reconciler.is_own_write(
-        constants.PLURAL, ns, name, meta.get("resourceVersion")
-    ):
+    version = meta.get("resourceVersion")
+    if type is not None and memo.reconciler.is_own_write(constants.PLURAL, ns, name, version):
+        return
+    # The autoscaler's status and state writes: nothing to reconcile. Looked up, not imported:
+    # importing its module would register its handlers in a reconcile-only operator.
+    autoscaler = (memo.get("shared_autoscaler") or {}).get("autoscaler")
+    if type is not None and autoscaler is not None and autoscaler.is_own_write(ns, name, version):
         return
     _queue_reconcile(memo, ns, name, type, trigger="spec")
 

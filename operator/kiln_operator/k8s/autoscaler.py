@@ -4,22 +4,29 @@ Why it exists: `decide` is pure; this module gathers its inputs (the Deployment'
 pods' warm-up times, Prometheus' signals, the state kept in an annotation on the object), and
 carries out the decision: pod-deletion-cost on the idlest pods before a scale-down, the
 Deployment's scale subresource (the only write of `replicas` anywhere in Kiln), status and state
-written only when they changed, and an event on each change of replicas. It reads the
-InferenceService, its Deployment and its pods from the operator's watch-fed ObjectCache.
+written only when something a reader would act on changed (`autoscaling.quiet`), and an event
+on each change of replicas. It reads the InferenceService, its Deployment and its pods from the
+operator's watch-fed ObjectCache, and each Prometheus endpoint through one shared
+`PrometheusSource`. Between evaluations it keeps the full decision state in memory; the
+annotation holds the part a restarted operator needs. It remembers the resourceVersions of its
+own writes, so the watch handlers can drop their echoes instead of queueing a reconcile.
 """
 
 import asyncio
 import dataclasses
 import logging
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from kiln_operator import constants
+from kiln_operator.api.v1alpha1.autoscaling import AutoscalingStatus
 from kiln_operator.api.validation import DEFAULT_WARMUP_BUDGET_BYTES, SpecError, parse_spec
 from kiln_operator.autoscaling.deletion_cost import DELETION_COST_ANNOTATION, deletion_costs
 from kiln_operator.autoscaling.policy import Decision, Observation, ScalingSpec, decide
-from kiln_operator.autoscaling.prometheus import PrometheusReader
+from kiln_operator.autoscaling.prometheus import PrometheusSource, observation
+from kiln_operator.autoscaling.quiet import state_needs_write, status_needs_write
 from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import KubeClient
@@ -64,6 +71,11 @@ def metrics_condition(
     return found
 
 
+OWN_VERSIONS_KEPT = 4
+"""resourceVersions of its own writes remembered per service (status and annotation writes
+come in pairs; their watch events may arrive after the next pair)."""
+
+
 class Autoscaler:
     """Evaluates InferenceServices against Prometheus; one instance per operator."""
 
@@ -80,6 +92,35 @@ class Autoscaler:
         self.warmup_budget_bytes = warmup_budget_bytes
         """The operator's warm-up budget: the spec is judged valid exactly as the reconcile
         judges it."""
+        self.sources: dict[str, PrometheusSource] = {}
+        self._memory: dict[tuple[str, str], tuple[str | None, ScalerState]] = {}
+        self._own_versions: dict[tuple[str, str], deque[str]] = {}
+
+    def source(self, url: str) -> PrometheusSource:
+        """The one PrometheusSource of this endpoint."""
+        if url not in self.sources:
+            self.sources[url] = PrometheusSource(url)
+        return self.sources[url]
+
+    def is_own_write(self, namespace: str, name: str, version: str | None) -> bool:
+        """Whether an InferenceService event only echoes one of the autoscaler's own writes."""
+        return version is not None and version in self._own_versions.get((namespace, name), ())
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The service is gone: drop what was kept for it."""
+        self._memory.pop((namespace, name), None)
+        self._own_versions.pop((namespace, name), None)
+
+    def close(self) -> None:
+        for source in self.sources.values():
+            source.close()
+
+    def _written(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self.cache.store(INFERENCE_SERVICES.plural, body)
+        version = body.get("metadata", {}).get("resourceVersion")
+        if version:
+            kept = self._own_versions.setdefault((namespace, name), deque(maxlen=OWN_VERSIONS_KEPT))
+            kept.append(version)
 
     async def evaluate(self, namespace: str, name: str, now: datetime) -> Evaluation | None:
         """Decide and act once; None when there is nothing to scale (yet), or the watches have
@@ -104,47 +145,62 @@ class Autoscaler:
         pods = self.cache.pods_of(namespace, name)
 
         url = spec.autoscaling.prometheus_url or self.default_prometheus_url
-        reader = PrometheusReader(url) if url else None
-        observation = await self._observe(
-            reader, namespace, name, ready, spec.autoscaling.metrics_window_seconds
+        source = self.source(url) if url else None
+        observed = await self._observe(
+            source,
+            (namespace, name),
+            ready,
+            spec.autoscaling.metrics_window_seconds,
+            spec.autoscaling.evaluation_interval_seconds / 2.0,
         )
         cold_start = summarize(pods).cold_start_p90_seconds
-        observation = dataclasses.replace(observation, cold_start_seconds=cold_start)
+        observed = dataclasses.replace(observed, cold_start_seconds=cold_start)
 
         annotations = body["metadata"].get("annotations") or {}
         state_problem = None
+        written_text = annotations.get(STATE_ANNOTATION)
         try:
-            state = ScalerState.from_annotation(annotations.get(STATE_ANNOTATION))
+            written_state = ScalerState.from_annotation(written_text)
         except InvalidScalerState as error:
-            state_problem, state = str(error), ScalerState()
-        scaling = ScalingSpec(slo=spec.slo, autoscaling=spec.autoscaling, prewarm=spec.prewarm)
-        decision = decide(current, observation, scaling, state, now)
+            state_problem, written_state = str(error), ScalerState()
+        state = written_state
+        remembered = self._memory.get((namespace, name))
+        if remembered is not None and remembered[0] == written_text:
+            state = remembered[1]  # the annotation is ours and current: use the full state
+        scaling = ScalingSpec(
+            slo=spec.slo,
+            autoscaling=spec.autoscaling,
+            prewarm=spec.prewarm,
+            max_batch_size=spec.runtime.batching.max_batch_size,
+        )
+        decision = decide(current, observed, scaling, state, now)
 
         # The explanation first, so whoever sees replicas change can read why.
-        status = decision.status(observation).model_dump(
-            by_alias=True, mode="json", exclude_none=True
-        )
         current_status = body.get("status") or {}
-        condition = metrics_condition(current_status.get("conditions") or [], decision, body, now)
-        if current_status.get("autoscaling") != status or condition not in (
-            current_status.get("conditions") or []
+        conditions = current_status.get("conditions") or []
+        condition = metrics_condition(conditions, decision, body, now)
+        new_status = decision.status(observed).model_copy(update={"updated_at": now})
+        if not _condition_holds(conditions, condition) or status_needs_write(
+            _parsed_status(current_status.get("autoscaling")), new_status
         ):
+            status = new_status.model_dump(by_alias=True, mode="json", exclude_none=True)
             written = await self.kube.apply_status(
                 INFERENCE_SERVICES, namespace, name,
                 {"autoscaling": status, "conditions": [condition]}, manager=FIELD_MANAGER,
             )  # fmt: skip
-            self.cache.store(INFERENCE_SERVICES.plural, written)
-        stored = decision.state.to_annotation()
-        if annotations.get(STATE_ANNOTATION) != stored:
+            self._written(namespace, name, written)
+        if state_problem is not None or state_needs_write(written_state, decision.state):
+            written_text = decision.state.to_annotation()
             written = await self.kube.merge_patch(
                 INFERENCE_SERVICES,
                 namespace,
                 name,
-                {"metadata": {"annotations": {STATE_ANNOTATION: stored}}},
+                {"metadata": {"annotations": {STATE_ANNOTATION: written_text}}},
             )
-            self.cache.store(INFERENCE_SERVICES.plural, written)
+            self._written(namespace, name, written)
+        self._memory[(namespace, name)] = (written_text, decision.state)
         if decision.desired_replicas < current:
-            await self._mark_idlest(namespace, name, pods, reader)
+            await self._mark_idlest(namespace, name, pods, source)
         if decision.desired_replicas != current:
             await self.kube.merge_patch(
                 DEPLOYMENTS,
@@ -161,22 +217,28 @@ class Autoscaler:
         )
 
     async def _observe(
-        self, reader: PrometheusReader | None, namespace: str, name: str, ready: int, window: int
+        self,
+        source: PrometheusSource | None,
+        key: tuple[str, str],
+        ready: int,
+        window: int,
+        max_age: float,
     ) -> Observation:
-        if reader is None:
+        if source is None:
             return Observation(
                 ready_replicas=ready,
                 metrics_error="no Prometheus URL: set the operator's KILN_PROMETHEUS_URL "
                 "or spec.autoscaling.prometheusUrl",
             )
-        return await asyncio.to_thread(reader.observe, namespace, name, window, ready)
+        snapshot = await source.snapshot(window, max_age)
+        return observation(snapshot, key, ready)
 
     async def _mark_idlest(
-        self, namespace: str, name: str, pods: list[dict[str, Any]], reader: PrometheusReader | None
+        self, namespace: str, name: str, pods: list[dict[str, Any]], source: PrometheusSource | None
     ) -> None:
         """Annotate pods so the ReplicaSet removes the idlest first (fewest in flight)."""
         inflight = (
-            await asyncio.to_thread(reader.inflight_by_pod, namespace, name) if reader else {}
+            await asyncio.to_thread(source.inflight_by_pod, namespace, name) if source else {}
         )
         for pod_name, cost in deletion_costs(pods, inflight).items():
             written = await self.kube.merge_patch(
@@ -186,3 +248,21 @@ class Autoscaler:
                 {"metadata": {"annotations": {DELETION_COST_ANNOTATION: str(cost)}}},
             )
             self.cache.store(PODS.plural, written)
+
+
+def _parsed_status(written: Any) -> AutoscalingStatus | None:
+    """The written status.autoscaling, or None when absent or not in today's shape."""
+    if not isinstance(written, dict):
+        return None
+    try:
+        return AutoscalingStatus.model_validate(written)
+    except ValueError:
+        return None
+
+
+def _condition_holds(conditions: list[dict[str, Any]], condition: dict[str, Any]) -> bool:
+    """Whether the written conditions already say what `condition` says. The message is not
+    compared: while blind it carries numbers (the metrics' age) that change at every pass."""
+    written = find_condition(conditions, condition["type"])
+    keys = ("status", "reason", "observedGeneration")
+    return written is not None and all(written.get(k) == condition.get(k) for k in keys)

@@ -125,7 +125,7 @@ def build_policy(
             cluster.max_replicas,
             schedules,
             cold_start_seconds=cold,
-            capacity_per_replica=capacity,
+            max_batch_size=service.max_batch_size,
             target_utilization_percent=int(knob),
         )
         return kiln, cluster

@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kiln_operator.simulator.model import LATENCY_BUCKETS, ClusterModel, ServiceModel
-from kiln_operator.simulator.prometheus import PrometheusView, Scrapes
+from kiln_operator.simulator.prometheus import BatchCounters, PrometheusView, Scrapes
 
 _DRAIN_SECONDS = 120
 """After the trace ends, replicas keep serving this long; what is left is rejected."""
@@ -121,6 +121,7 @@ class Simulation:
         self.busy_seconds = 0.0
         self.bucket_counts = np.zeros(len(LATENCY_BUCKETS) + 1, dtype=np.int64)
         self.answered = 0
+        self.batch_counters = BatchCounters()
         self.scrapes = Scrapes(interval=cluster.scrape_interval_seconds)
         self.view = PrometheusView(self.scrapes, outage)
         self.concurrency: list[float] = []
@@ -323,6 +324,7 @@ class Simulation:
             slots = np.searchsorted(LATENCY_BUCKETS, observed, side="left")
             self.bucket_counts += np.bincount(slots, minlength=len(LATENCY_BUCKETS) + 1)
             self.answered += observed.size
+            self._count_batches(finished)
         cumulative = np.cumsum(self.bucket_counts)
         queued = max(0, bisect.bisect_right(self.arrival_list, now) - self.head)
         self.scrapes.record(
@@ -332,6 +334,24 @@ class Simulation:
             queued,
             self.busy_seconds,
             self._ready_at(now),
+            self.batch_counters,
+        )
+
+    def _count_batches(self, finished: "_Batches") -> None:
+        """The runtime's batch counters, observed as it observes them: when a batch finishes."""
+        served = ~finished.rejected
+        sizes = (finished.end - finished.first)[served]
+        if not sizes.size:
+            return
+        seconds = self.service.batch_overhead_seconds * sizes.size + (
+            self.service.per_item_seconds * float(sizes.sum())
+        )
+        counters = self.batch_counters
+        self.batch_counters = BatchCounters(
+            rows=counters.rows + int(sizes.sum()),
+            batches=counters.batches + int(sizes.size),
+            compute_seconds=counters.compute_seconds + seconds,
+            ok=counters.ok + int(sizes.sum()),
         )
 
     def _batches(self, lo: int, hi: int) -> "_Batches":

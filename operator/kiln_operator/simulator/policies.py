@@ -40,7 +40,8 @@ def _at(seconds: float) -> datetime:
 
 
 class KilnPolicy:
-    """Kiln's `decide`, every `evaluationIntervalSeconds`, on Prometheus-shaped inputs.
+    """Kiln's `decide`, every `evaluationIntervalSeconds`, on Prometheus-shaped inputs: the same
+    signals the operator reads, the batch counters for its capacity estimate included.
 
     Knob: `targetUtilizationPercent`.
     """
@@ -56,7 +57,7 @@ class KilnPolicy:
         schedules: list[Schedule],
         *,
         cold_start_seconds: float,
-        capacity_per_replica: float | None,
+        max_batch_size: int,
         target_utilization_percent: int = 75,
     ) -> None:
         autoscaling = AutoscalingSpec(
@@ -82,11 +83,11 @@ class KilnPolicy:
             slo=SloSpec(p99_latency_milliseconds=slo_seconds * 1000.0),
             autoscaling=autoscaling,
             prewarm=prewarm,
+            max_batch_size=max_batch_size,
         )
         self.interval_seconds = autoscaling.evaluation_interval_seconds
         self.window = float(autoscaling.metrics_window_seconds)
         self.cold_start_seconds = cold_start_seconds
-        self.capacity_per_replica = capacity_per_replica
         self.state = ScalerState()
         self.reasons: dict[str, int] = {}
 
@@ -101,14 +102,13 @@ class KilnPolicy:
                 queue_depth_per_replica=view.queue_per_replica(now),
                 requests_per_second=view.request_rate(now, self.window),
                 cold_start_seconds=self.cold_start_seconds,
-                replica_capacity_rps=self.capacity_per_replica,
+                batches=view.batch_window(now, self.window),
             )
         except PrometheusDown as error:
             observation = Observation(
                 ready_replicas=snapshot.ready,
                 metrics_error=str(error),
                 cold_start_seconds=self.cold_start_seconds,
-                replica_capacity_rps=self.capacity_per_replica,
             )
         decision = decide(snapshot.current, observation, self.spec, self.state, _at(now))
         self.state = decision.state

@@ -13,11 +13,23 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from kiln_operator.autoscaling.capacity import BatchWindow
 from kiln_operator.simulator.model import LATENCY_BUCKETS
 
 
 class PrometheusDown(RuntimeError):
     """The query failed: Prometheus is unreachable."""
+
+
+@dataclass(frozen=True)
+class BatchCounters:
+    """Cumulative counters of the batches that finished: `kiln_batch_size_sum` and `_count`,
+    `kiln_compute_duration_seconds_sum` and `kiln_requests_total{code="ok"}`."""
+
+    rows: int = 0
+    batches: int = 0
+    compute_seconds: float = 0.0
+    ok: int = 0
 
 
 @dataclass
@@ -35,6 +47,8 @@ class Scrapes:
     busy_seconds: list[float] = field(default_factory=list)
     """Cumulative seconds replicas spent computing batches (a GPU-utilization counter)."""
     ready: list[int] = field(default_factory=list)
+    batches: list["BatchCounters"] = field(default_factory=list)
+    """The runtime's batch counters (summed over pods), as the operator's capacity reads them."""
 
     def record(  # noqa: PLR0917 (one value per scraped series)
         self,
@@ -44,8 +58,10 @@ class Scrapes:
         queue: int,
         busy_seconds: float,
         ready: int,
+        batches: "BatchCounters",
     ) -> None:
         """Store one scrape."""
+        self.batches.append(batches)
         self.times.append(now)
         self.buckets.append(buckets.copy())
         self.requests.append(requests)
@@ -98,6 +114,20 @@ class PrometheusView:
         last = self._latest(now)
         ready = self.scrapes.ready[last]
         return self.scrapes.queue[last] / ready if ready else float(self.scrapes.queue[last])
+
+    def batch_window(self, now: float, window: float) -> BatchWindow | None:
+        """The rates of the batch counters over the window, as the operator's grouped query
+        returns them; None before two scrapes."""
+        first, last, elapsed = self._window(now, window)
+        if elapsed <= 0:
+            return None
+        old, new = self.scrapes.batches[first], self.scrapes.batches[last]
+        return BatchWindow(
+            rows_per_second=(new.rows - old.rows) / elapsed,
+            batches_per_second=(new.batches - old.batches) / elapsed,
+            compute_seconds_per_second=(new.compute_seconds - old.compute_seconds) / elapsed,
+            ok_per_second=(new.ok - old.ok) / elapsed,
+        )
 
     def utilization(self, now: float, window: float) -> float:
         """Average busy fraction of the ready replicas over the window (GPU utilization)."""

@@ -7,8 +7,10 @@ few minutes ahead raises the replicas before it opens.
 
 import asyncio
 import datetime
+import functools
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,7 +22,7 @@ from kiln_localcluster.processes import stop
 from kiln_localcluster.prometheus import LocalPrometheus
 from kiln_localcluster.waiting import wait_for
 from tests.integration.conftest import Cluster
-from tests.integration.operator.conftest import apply, condition, mlp_service
+from tests.integration.operator.conftest import AuditLog, apply, condition, mlp_service
 
 pytestmark = [
     pytest.mark.integration,
@@ -28,12 +30,13 @@ pytestmark = [
 ]
 
 HOLD_SECONDS = 20
+STEADY_SECONDS = 30
 
 
 def scaled_service(name: str, prometheus: LocalPrometheus, **autoscaling: Any) -> dict[str, Any]:
     service = mlp_service(name)
     # An SLO a loaded CPU cannot meet: load makes the service unhealthy, idleness healthy.
-    service["spec"]["slo"] = {"p99LatencyMilliseconds": 2}
+    service["spec"]["slo"] = autoscaling.pop("slo", None) or {"p99LatencyMilliseconds": 2}
     service["spec"]["autoscaling"] = {
         "minReplicas": 1,
         "maxReplicas": 3,
@@ -80,9 +83,10 @@ def load(cluster: Cluster, namespace: str, service: str) -> Iterator[None]:
 def started_service(
     cluster: Cluster, namespace: str, name: str, prometheus: LocalPrometheus, **autoscaling: Any
 ) -> None:
+    """Apply the service and wait until it serves (the first pod of a fresh cluster is slow)."""
     apply(cluster, namespace, scaled_service(name, prometheus, **autoscaling))
     wait_for(
-        lambda: ready_endpoints(cluster.info, namespace, name), timeout=120,
+        lambda: ready_endpoints(cluster.info, namespace, name), timeout=240,
         description=f"{name} serving",
     )  # fmt: skip
 
@@ -101,6 +105,11 @@ def test_scales_up_under_load_and_down_after_the_hold(
         status = autoscaling_status(cluster, namespace, "busy")
         assert status["metricsAvailable"] is True
         assert status["observed"]["p99LatencyMilliseconds"] > 2
+        capacity = wait_for(
+            lambda: autoscaling_status(cluster, namespace, "busy").get("capacity"),
+            timeout=30, description="a capacity measured from the batch metrics",
+        )  # fmt: skip
+        assert capacity["requestsPerSecondPerReplica"] > 0
         event = wait_for(
             lambda: cluster.get_json(
                 "events", "-n", namespace, "--field-selector",
@@ -116,6 +125,59 @@ def test_scales_up_under_load_and_down_after_the_hold(
         description="the scale-down once the load stopped",
     )
     assert time.monotonic() - load_stopped >= HOLD_SECONDS
+
+
+def queries_answered(prometheus: LocalPrometheus) -> float:
+    """Instant queries Prometheus has answered, from its own /metrics."""
+    with urllib.request.urlopen(f"{prometheus.url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("prometheus_http_requests_total{") and 'handler="/api/v1/query"' in line
+    )
+
+
+@pytest.mark.usefixtures("models_claim", "operator")
+def test_one_query_per_cycle_for_every_service_and_a_quiet_steady_status(
+    cluster: Cluster, namespace: str, start_prometheus: Any, audit: AuditLog
+) -> None:
+    prometheus = start_prometheus()
+    names = ["quiet-a", "quiet-b", "quiet-c"]
+    for name in names:
+        # An SLO an idle service always meets: nothing to scale, so nothing to write.
+        started_service(
+            cluster, namespace, name, prometheus, slo={"p99LatencyMilliseconds": 60_000}
+        )
+
+    def read(name: str) -> dict[str, Any] | None:
+        """The status once the warm-up gate's requests have left the 15 s rate window."""
+        status = autoscaling_status(cluster, namespace, name)
+        idle = status.get("observed", {}).get("requestsPerSecond") == 0
+        return status if status.get("metricsAvailable") and idle else None
+
+    for name in names:
+        status = wait_for(
+            functools.partial(read, name), timeout=90, description=f"{name} idle, read"
+        )
+        # No traffic reads as no traffic: no p99 of 0, the message says so.
+        assert "p99LatencyMilliseconds" not in status["observed"]
+        assert status["observed"]["requestsPerSecond"] == 0
+        assert status["message"].startswith("no traffic"), status["message"]
+        assert status["updatedAt"]
+    audit.wait_quiet(namespace, seconds=6, timeout=90)
+
+    mark, queries_before, started = audit.mark(), queries_answered(prometheus), time.monotonic()
+    written_at = {n: autoscaling_status(cluster, namespace, n)["updatedAt"] for n in names}
+    time.sleep(STEADY_SECONDS)
+    elapsed = time.monotonic() - started
+    queries = queries_answered(prometheus) - queries_before
+    # Three services evaluated every 5 s for 30 s: 18 evaluations; one shared snapshot at
+    # most 2.5 s old serves them all. Per service, it would be 18 x the queries per service.
+    assert queries <= elapsed / 2.5 + 2, queries
+    assert queries >= elapsed / 5 - 2, queries  # and the services were evaluated meanwhile
+    assert audit.operator_writes(mark, namespace) == []
+    assert {n: autoscaling_status(cluster, namespace, n)["updatedAt"] for n in names} == written_at
 
 
 def test_prometheus_down_never_scales_down(

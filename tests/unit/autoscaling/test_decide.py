@@ -9,6 +9,7 @@ import pytest
 
 from kiln_operator.api.v1alpha1.autoscaling import AutoscalingSpec, PrewarmSpec, SloSpec
 from kiln_operator.autoscaling import reasons
+from kiln_operator.autoscaling.capacity import BatchWindow
 from kiln_operator.autoscaling.policy import Observation, ScalingSpec, decide
 from kiln_operator.autoscaling.state import InvalidScalerState, ScalerState
 
@@ -53,6 +54,11 @@ def seen(
 
 
 MEASURED = ScalerState(capacity_per_replica=100.0, capacity_measured=True)
+FULL_BATCHES = BatchWindow(
+    rows_per_second=400.0, batches_per_second=12.5, compute_seconds_per_second=4.0,
+    ok_per_second=400.0,
+)  # fmt: skip
+"""Four replicas computing full batches of 32 rows in 0.32 s: 100 requests/s per replica."""
 
 
 class Case(NamedTuple):
@@ -135,7 +141,7 @@ TABLE = [
             6,
             # 400 answered + the queue grew 0 -> 400 in 15 s (+26.7/s): arrivals 426.7/s,
             # 26.7/s beyond the 4 ready replicas; (426.7 + 26.7) / 75 -> 7, more than the 6.
-            seen(4, p99=0.9, queue=100, rate=400, replica_capacity_rps=100.0),
+            seen(4, p99=0.9, queue=100, rate=400, batches=FULL_BATCHES),
             ScalerState(
                 last_scale_up_at=ago(30),
                 last_scale_at=ago(30),
@@ -316,6 +322,28 @@ def test_idle_nan_latency_is_healthy_not_missing() -> None:
     decision = decide(2, seen(2, p99=math.nan, rate=0, queue=0), make_spec(), MEASURED, NOW)
     assert decision.metrics_available
     assert decision.state.healthy_since == NOW
+
+
+def test_no_traffic_reads_as_no_traffic_never_as_a_latency_of_zero() -> None:
+    idle = seen(2, p99=0.0, rate=0, queue=0)  # some exporters answer 0, not NaN
+    decision = decide(2, idle, make_spec(), MEASURED, NOW)
+    assert decision.message.startswith("no traffic, ")
+    assert "p99" not in decision.message
+    observed = decision.status(idle).observed
+    assert observed.p99_latency_milliseconds is None
+    assert observed.requests_per_second == 0
+
+
+def test_capacity_from_the_batch_metrics_reaches_the_state_and_the_status() -> None:
+    observed = seen(4, p99=0.05, rate=400, queue=0.5, batches=FULL_BATCHES)
+    decision = decide(4, observed, make_spec(), ScalerState(), NOW)
+    assert decision.state.capacity_per_replica == pytest.approx(100.0)
+    assert decision.state.capacity_measured
+    capacity = decision.status(observed).capacity
+    assert capacity is not None and capacity.measured
+    assert capacity.requests_per_second_per_replica == pytest.approx(100.0)
+    # 400 req/s at 75 % of 100 per replica needs 6: the headroom scale-up can fire.
+    assert (decision.desired_replicas, decision.reason) == (6, reasons.HEADROOM_LOW)
 
 
 def test_flapping_input_never_scales_down_and_changes_direction_rarely() -> None:

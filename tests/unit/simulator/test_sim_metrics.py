@@ -7,6 +7,7 @@ import pytest
 
 from kiln_operator.simulator.model import LATENCY_BUCKETS
 from kiln_operator.simulator.prometheus import (
+    BatchCounters,
     PrometheusDown,
     PrometheusView,
     Scrapes,
@@ -34,9 +35,14 @@ def scrapes() -> Scrapes:
     store = Scrapes(interval=15.0)
     for step in range(9):
         counts = cumulative([0, 0, 0, 0, 10 * step, 0, 0, 0, 0, 0])
-        store.record(
-            15.0 * step, counts, requests=30 * step, queue=step, busy_seconds=7.5 * step, ready=2
+        # Batches of 6 rows taking 1.5 s each: 5 per scrape interval.
+        batches = BatchCounters(
+            rows=30 * step, batches=5 * step, compute_seconds=7.5 * step, ok=30 * step
         )
+        store.record(
+            15.0 * step, counts, requests=30 * step, queue=step, busy_seconds=7.5 * step,
+            ready=2, batches=batches,
+        )  # fmt: skip
     return store
 
 
@@ -48,6 +54,15 @@ def test_rate_uses_the_window_and_the_newest_visible_scrape() -> None:
     assert view.queue_per_replica(134.0) == pytest.approx(8 / 2)
     assert view.utilization(120.0, 60.0) == pytest.approx(0.25)
     assert view.p99(120.0, 60.0) == pytest.approx(0.25 + 0.25 * 0.99)
+
+
+def test_batch_window_gives_the_rates_the_operator_reads() -> None:
+    window = PrometheusView(scrapes()).batch_window(134.0, 60.0)
+    assert window is not None
+    assert window.rows_per_second / window.batches_per_second == pytest.approx(6.0)
+    assert window.compute_seconds_per_second / window.batches_per_second == pytest.approx(1.5)
+    assert window.ok_per_second == pytest.approx(2.0)
+    assert PrometheusView(scrapes()).batch_window(0.0, 60.0) is None  # one scrape: no rate
 
 
 def test_outage_and_no_data_fail_the_query() -> None:

@@ -3,10 +3,11 @@
 import math
 
 import numpy as np
+import pytest
 
 from kiln_operator.autoscaling import reasons
-from kiln_operator.simulator.engine import Snapshot
-from kiln_operator.simulator.model import LATENCY_BUCKETS
+from kiln_operator.simulator.engine import Simulation, Snapshot
+from kiln_operator.simulator.model import LATENCY_BUCKETS, ClusterModel, ServiceModel
 from kiln_operator.simulator.policies import (
     ForesightOracle,
     HpaPolicy,
@@ -15,7 +16,8 @@ from kiln_operator.simulator.policies import (
     KnativePolicy,
     Schedule,
 )
-from kiln_operator.simulator.prometheus import PrometheusView, Scrapes
+from kiln_operator.simulator.prometheus import BatchCounters, PrometheusView, Scrapes
+from kiln_operator.simulator.traffic import poisson_arrivals
 
 
 def view(
@@ -39,6 +41,12 @@ def view(
             queue=queue,
             busy_seconds=busy_per_scrape * step,
             ready=ready,
+            batches=BatchCounters(
+                rows=requests_per_scrape * step,
+                batches=requests_per_scrape * step // 8,
+                compute_seconds=busy_per_scrape * step,
+                ok=requests_per_scrape * step,
+            ),
         )
     return PrometheusView(store, outage)
 
@@ -112,7 +120,7 @@ def kiln() -> KilnPolicy:
         20,
         [],
         cold_start_seconds=120.0,
-        capacity_per_replica=4.0,
+        max_batch_size=8,
     )
 
 
@@ -130,3 +138,19 @@ def test_kiln_adapter_never_scales_down_while_prometheus_is_down() -> None:
     for step in range(40):
         assert policy.desired(snap(15.0 * step, down, current=8, ready=8)) == 8
     assert policy.reasons == {reasons.METRICS_UNAVAILABLE: 40}
+
+
+def test_kiln_fits_the_capacity_from_the_scraped_batches_it_is_not_given() -> None:
+    service = ServiceModel()
+    # Two hours whose load climbs from 2 to 12 req/s: batch sizes spread, the line is fitted.
+    rate = np.linspace(2.0, 12.0, 7200)
+    arrivals = poisson_arrivals(rate, np.random.default_rng(7))
+    policy = kiln()
+    simulation = Simulation(
+        arrivals, 7200.0, service, ClusterModel(), pod_rng=np.random.default_rng(8)
+    )
+    simulation.run(policy)
+    assert policy.state.capacity_measured
+    assert policy.state.capacity_per_replica == pytest.approx(
+        service.capacity_per_replica, rel=0.02
+    )

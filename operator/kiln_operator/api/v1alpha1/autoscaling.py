@@ -18,7 +18,7 @@ from pydantic import Field, field_validator, model_validator
 
 from kiln_operator.api.v1alpha1.base import ApiModel
 
-__all__ = ["AutoscalingSpec", "AutoscalingStatus", "PrewarmSpec", "SloSpec"]
+__all__ = ["AutoscalingSpec", "AutoscalingStatus", "CapacityStatus", "PrewarmSpec", "SloSpec"]
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 
@@ -261,6 +261,19 @@ class WindowStatus(ApiModel):
     """Whether the floor's replicas were all ready when the window opened; unknown until then."""
 
 
+class CapacityStatus(ApiModel):
+    """What one replica serves at full batches, as the autoscaler measured it."""
+
+    requests_per_second_per_replica: Annotated[float, Field(ge=0)]
+    """Requests per second one ready replica serves with full batches: read off a line fitted
+    to the runtime's mean batch size and mean compute time per batch over the metrics windows
+    (`kiln_batch_size`, `kiln_compute_duration_seconds`) at `runtime.batching.maxBatchSize`."""
+
+    measured: bool = False
+    """True when read off the fitted line (or seen at full batches); false while it is only a
+    lower bound (every batch seen had the same size, or no batch metrics yet)."""
+
+
 class AutoscalingStatus(ApiModel):
     """What the autoscaler decided last, and why."""
 
@@ -284,3 +297,11 @@ class AutoscalingStatus(ApiModel):
 
     last_scale_time: datetime | None = None
     """When the autoscaler last changed the replica count."""
+
+    capacity: CapacityStatus | None = None
+    """Per-replica capacity the decision was sized with; absent until traffic was seen."""
+
+    updated_at: datetime | None = None
+    """When the autoscaler last wrote this status. It writes only when something a reader would
+    act on changed (desired replicas, reason, a condition, a metric outside its band: see
+    docs/autoscaling.md), so a steady service's status keeps the values of its last change."""
