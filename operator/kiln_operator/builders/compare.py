@@ -6,11 +6,10 @@ another value live. Fields we never set (defaults, clusterIP, replicas) are not 
 """
 
 import copy
-import re
-from decimal import Decimal
 from typing import Any
 
 from kiln_operator import constants
+from kiln_operator.api.validation import parse_quantity
 from kiln_operator.builders.naming import Manifest
 
 OWNED_ANNOTATION_PREFIXES = ("prometheus.io/", f"{constants.GROUP}/")
@@ -18,25 +17,6 @@ OWNED_ANNOTATION_PREFIXES = ("prometheus.io/", f"{constants.GROUP}/")
 
 EXACT_MAPS = frozenset({"requests", "limits", "nodeSelector", "matchLabels"})
 """Maps the API server never adds keys to: an extra live key is drift, not a default."""
-
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([a-zA-Z]*)$")
-_SUFFIX = {
-    "": Decimal(1), "m": Decimal("0.001"), "k": Decimal(10**3), "M": Decimal(10**6),
-    "G": Decimal(10**9), "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
-    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50), "Ei": Decimal(2**60),
-}  # fmt: skip
-
-
-def _quantity(value: Any) -> Decimal | None:
-    """A Kubernetes quantity as a number (the server rewrites e.g. 1000m as 1), else None."""
-    match = _QUANTITY.match(str(value))
-    if match is None or match.group(2) not in _SUFFIX:
-        return None
-    try:
-        return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
-    except ArithmeticError:
-        return None
 
 
 def _empty(value: Any) -> bool:
@@ -65,7 +45,7 @@ def covers(actual: Any, desired: Any, *, in_resources: bool = False) -> bool:
             covers(a, d, in_resources=in_resources) for a, d in zip(actual, desired, strict=True)
         )
     if in_resources and actual != desired:
-        left, right = _quantity(actual), _quantity(desired)
+        left, right = parse_quantity(str(actual)), parse_quantity(str(desired))
         return left is not None and left == right
     return bool(actual == desired)
 
