@@ -36,6 +36,18 @@ class BenchCluster:
         provision_claim(self.info, namespace, "models", self.models)
 
 
+def write_example_model(models: Path) -> Path:
+    """The example MLP at `models/mlp/model.pt`, readable by the image's unprivileged user."""
+    subprocess.run(
+        [sys.executable, "-m", "kiln_runtime", "example-model", "--kind", "mlp",
+         "--out", str(models / "mlp")],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    for path in [models, *models.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return models
+
+
 @contextlib.contextmanager
 def bench_cluster(name: str) -> Iterator[BenchCluster]:
     """Start it all (the image built from this checkout first); stop it all afterwards."""
@@ -49,14 +61,7 @@ def bench_cluster(name: str) -> Iterator[BenchCluster]:
         kubectl(info, "apply", "-k", str(REPO / "crds"))
         kubectl(info, "wait", "--for=condition=Established", "--timeout=60s",
                 "crd/inferenceservices.serving.kiln.dev")  # fmt: skip
-        models = STATE_DIR / "models" / name
-        subprocess.run(
-            [sys.executable, "-m", "kiln_runtime", "example-model", "--kind", "mlp",
-             "--out", str(models / "mlp")],
-            check=True, capture_output=True, timeout=300,
-        )  # fmt: skip
-        for path in [models, *models.rglob("*")]:  # readable by the image's unprivileged user
-            path.chmod(0o755 if path.is_dir() else 0o644)
+        models = write_example_model(STATE_DIR / "models" / name)
         with (STATE_DIR / f"bench-{name}-operator.log").open("wb") as log:
             operator = subprocess.Popen(
                 [sys.executable, "-m", "kiln_operator", "run", "--standalone"],

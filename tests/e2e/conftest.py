@@ -31,6 +31,7 @@ from kiln_localcluster import node
 from kiln_localcluster.cluster import ClusterOptions, LocalCluster, resolve_binaries
 from kiln_localcluster.volumes import provision_claim
 from kiln_localcluster.waiting import wait_for
+from tests.e2e.benchcluster import write_example_model
 from tests.integration.conftest import missing_component
 
 REPO = Path(__file__).resolve().parents[2]
@@ -157,14 +158,7 @@ def model(cluster: E2ECluster, namespace: str) -> Model:
         if not EXTERNAL_MODEL_URI:
             pytest.fail("KILN_E2E_KUBECONFIG needs KILN_E2E_MODEL_URI (see e2e/kind.sh)")
         return Model(uri=EXTERNAL_MODEL_URI, claim=None)
-    models = STATE_DIR / "models" / namespace
-    subprocess.run(
-        [sys.executable, "-m", "kiln_runtime", "example-model", "--kind", "mlp",
-         "--out", str(models / "mlp")],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
-    for path in [models, *models.rglob("*")]:  # readable by the image's unprivileged user
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    models = write_example_model(STATE_DIR / "models" / namespace)
     info = cluster.local.recorded_info()
     assert info is not None
     provision_claim(info, namespace, "models", models)
