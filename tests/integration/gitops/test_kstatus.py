@@ -19,6 +19,7 @@ from tests.integration.conftest import Cluster
 from tests.integration.operator.conftest import (
     OperatorProcess,
     apply,
+    condition,
     get,
     gpu_service,
     wait_condition,
@@ -85,8 +86,7 @@ def test_in_progress_while_rolling_out_and_warming_current_when_ready(
     # Warming: the warm-up gate holds the pod unready (kwok's pod has no runtime to answer).
     apply(cluster, namespace, gpu_service("warming", warmup={"requests": 8, "retries": 0}))
     wait_condition(
-        cluster, namespace, name="warming", kind="Ready", status="False",
-        reason="MinimumReplicasUnavailable", timeout=LONG,
+        cluster, namespace, name="warming", kind="Ready", status="False", timeout=LONG
     )  # fmt: skip
     verdict = kstatus(kstatus_binary, live(cluster, namespace, "warming"))
     assert verdict["status"] == "InProgress", verdict
@@ -98,12 +98,15 @@ def test_in_progress_while_rolling_out_and_warming_current_when_ready(
     # A rollout that cannot finish: a GPU product no node has keeps the new pod Pending.
     resources = {"gpuCount": 1, "gpuProduct": "NVIDIA-H100-NOWHERE"}
     apply(cluster, namespace, gpu_service("mlp", resources=resources))
-    rolling = wait_condition(
+    wait_condition(
         cluster, namespace, name="mlp", kind="Ready", status="False",
-        reason="RolloutInProgress", timeout=LONG,
+        reason="RolloutStalled", timeout=LONG,
     )  # fmt: skip
-    verdict = kstatus(kstatus_binary, live(cluster, namespace, "mlp"))
-    assert verdict == {**verdict, "status": "InProgress", "message": rolling["message"]}
+    body = live(cluster, namespace, "mlp")
+    ready = condition(body, "Ready")
+    assert ready is not None
+    verdict = kstatus(kstatus_binary, body)
+    assert verdict == {**verdict, "status": "InProgress", "message": ready["message"]}
 
 
 @pytest.mark.xfail(
