@@ -6,8 +6,9 @@ one message per problem, each starting with the field path, for the InvalidSpec 
 its Warning event. It also refuses what the API server would refuse only when the Deployment is
 written (a quantity that is no quantity, a label key that is no label key), and what no child
 should ever be given (a model path leaving its claim, a warm-up request larger than the
-operator's memory budget), so the reconcile never writes a child it knows to be wrong. The
-admission webhook reuses `parse_spec` as it is.
+operator's memory budget), so the reconcile never writes a child it knows to be wrong.
+`parse_spec` is pure and needs only the spec, so an admission webhook (issue 14; none exists
+yet) can call it as it is.
 """
 
 import re
