@@ -15,6 +15,7 @@ import pytest
 from kiln_localcluster.waiting import wait_for
 from tests.integration.conftest import Cluster
 from tests.integration.operator.conftest import (
+    AuditLog,
     OperatorProcess,
     apply,
     get,
@@ -53,22 +54,48 @@ def foreign_deployment() -> dict[str, Any]:
     }
 
 
+CONTROLLER_ANNOTATIONS = ("deployment.kubernetes.io/",)
+"""Annotation prefixes the Deployment controller writes on its own (the revision)."""
+
+
 def fingerprint(body: dict[str, Any] | None) -> tuple[Any, ...]:
-    """What must not change: the object's identity, its version, owners, labels and spec."""
+    """Everything Kiln could change: identity, owners, labels, annotations, the whole spec (a
+    Service's selector included) and the generation (bumped by any spec write, even one
+    undone). Not the resourceVersion: the Deployment controller's own writes (status, its
+    revision annotation) bump it whenever they land."""
     assert body is not None, "the foreign object was deleted"
     meta = body["metadata"]
+    annotations = {
+        key: value
+        for key, value in (meta.get("annotations") or {}).items()
+        if not key.startswith(CONTROLLER_ANNOTATIONS)
+    }
     return (
         meta["uid"],
-        meta["resourceVersion"],
+        meta.get("generation"),
         meta.get("ownerReferences"),
         meta.get("labels"),
-        body["spec"].get("selector"),
+        annotations,
+        body["spec"],
     )
 
 
+def changes_by_operator(audit: AuditLog, mark: int, namespace: str) -> list[str]:
+    """The operator's updates, patches and deletes of the foreign objects since `mark` (its
+    create attempts are expected: the API server answers 409)."""
+    changes = []
+    for write in audit.operator_writes(mark, namespace):
+        verb, target = write.split(" ", 1)  # "update deployments/foreign", "patch services/…"
+        foreign = target.startswith(("deployments/", "services/")) and target.endswith(f"/{NAME}")
+        if foreign and verb != "create":
+            changes.append(write)
+    return changes
+
+
 def test_foreign_objects_are_never_written_named_in_ready_and_survive_deletion(
-    cluster: Cluster, namespace: str, operator: OperatorProcess
+    cluster: Cluster, namespace: str, operator: OperatorProcess, audit: AuditLog
 ) -> None:
+    mark = audit.mark()
     apply(cluster, namespace, foreign_service())
     apply(cluster, namespace, foreign_deployment())
     before = {
@@ -91,6 +118,7 @@ def test_foreign_objects_are_never_written_named_in_ready_and_survive_deletion(
     time.sleep(3)  # the garbage collector would have acted by now on an owner reference
     for kind in ("service", "deployment"):
         assert fingerprint(get(cluster, namespace, kind, NAME)) == before[kind], kind
+    assert changes_by_operator(audit, mark, namespace) == []
 
 
 def test_kiln_takes_the_name_once_the_foreign_object_is_gone(
