@@ -12,7 +12,8 @@ are served by one synthetic exporter (`synthetic_runtimes.py`) and scraped by a 
 Prometheus every 15 s, as the runtime's are; measured over a steady window: the operator's API
 writes (audit log), the queries Prometheus answered (its own /metrics), the evaluation lag
 (the operator's /metrics), RSS and CPU.
-Results go to a Markdown report (and a JSON file beside it).
+Results go to a Markdown report (and a JSON file beside it); the sections other benchmarks
+wrote into that page between their markers are kept.
 """
 
 import argparse
@@ -38,6 +39,7 @@ from kiln_localcluster.processes import free_ports, spawn, stop, wait_started
 from kiln_localcluster.waiting import http_ok, wait_for
 from kiln_operator.k8s.client import KubeClient, load_configuration
 from kiln_operator.k8s.resources import DEPLOYMENTS, INFERENCE_SERVICES, SERVICES
+from tests.integration.benchpage import write_page
 from tests.integration.conftest import REPO, Cluster
 from tests.integration.operator.conftest import AuditLog, OperatorProcess, pending_service
 from tests.integration.operator.synthetic_runtimes import SyntheticRuntimes
@@ -628,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
     json_path = args.out.with_suffix(".json")
     earlier = json.loads(json_path.read_text()) if json_path.exists() else []
     merged = [r for r in earlier if _key(r) not in {_key(n) for n in results}] + results
-    args.out.write_text(report(merged))
+    write_page(args.out, report(merged))  # keeps the warm-up memory section
     json_path.write_text(json.dumps(merged, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0

@@ -6,7 +6,8 @@ through the operator's own probe (tritonclient, gRPC) against a real kiln_runtim
 serving a model with a large FP32 input. Each run is a fresh process, so its VmHWM is the peak
 of that run alone: once with the default budget, once unbounded (the operator before the
 budget). The section it writes is appended to docs/benchmarks/operator.md between markers of its
-own; the rest of that page belongs to `make bench-operator`.
+own; the rest of that page belongs to `make bench-operator`, which keeps the section
+(tests/integration/benchpage.py).
 """
 
 import argparse
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln_operator.api.validation import DEFAULT_WARMUP_BUDGET_BYTES
+from tests.integration.benchpage import write_section
 from tests.integration.runtime.runtime_process import HOST, running
 
 BEGIN = "<!-- bench-warmup-memory: begin -->"
@@ -142,18 +144,6 @@ def report(args: argparse.Namespace, runs: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of the page, or append it; the rest stays as it is."""
-    text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        before, _, rest = text.partition(BEGIN)
-        _, _, after = rest.partition(END)
-        text = before + section.rstrip("\n") + after
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--side", type=int, default=2048)
@@ -174,7 +164,7 @@ def main() -> None:
                 "none (before this change)": run(args, 0, runtime.grpc_port, runtime.http_port),
             }
     section = report(args, runs)
-    write_section(args.out, section)
+    write_section(args.out, BEGIN, END, section)
     (args.out.parent / "warmup-memory.json").write_text(json.dumps(runs, indent=2) + "\n")
     print(section)
 
