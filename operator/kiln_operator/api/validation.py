@@ -51,9 +51,10 @@ DEFAULT_WARMUP_BUDGET_BYTES = 64 * 2**20
 together): an eighth of the operator's 512 Mi memory limit. The KILN_WARMUP_BUDGET_BYTES
 setting of the operator changes it."""
 DATATYPE_BYTES = {
-    "FP32": 4, "FP16": 2, "BF16": 2, "INT64": 8, "INT32": 4, "INT8": 1, "UINT8": 1, "BOOL": 1,
+    "FP32": 4, "FP16": 2, "BF16": 4, "INT64": 8, "INT32": 4, "INT8": 1, "UINT8": 1, "BOOL": 1,
 }  # fmt: skip
-"""Bytes per element, as the warm-up encodes tensors."""
+"""Bytes per element, as the warm-up holds tensors: BF16 as float32 (numpy has no bfloat16,
+and tritonclient takes and returns BF16 data as float32; only the wire form is 2 bytes)."""
 
 
 @dataclass(frozen=True)
