@@ -138,7 +138,12 @@ REASON_CHILD_CONFLICT: Final = "ChildConflict"
 """A child's name (Deployment, Service, PodDisruptionBudget, ServiceMonitor) is held by an
 object the InferenceService does not control; Kiln writes nothing to it until it is gone."""
 REASON_CHILD_REJECTED: Final = "ChildRejected"
-"""The API server refused to create or update a child; the message has its answer."""
+"""The API server refused to create, update or delete a child (HTTP 400, 403, 422: sent again
+unchanged, it gets the same answer); the message has its answer."""
+REASON_CHILD_APPLY_FAILED: Final = "ChildApplyFailed"
+"""Reading or writing a child failed in a way that may pass: the API server answered a 5xx or
+429, a 409 conflict stayed after re-reading, or no answer came in time. The message has the
+answer; the reconcile retries with backoff."""
 REASON_MODEL_DOWNLOAD_FAILED: Final = "ModelDownloadFailed"
 """A pod's fetch init container failed; the message is its own ("model download failed:
 AccessDenied for s3://…")."""

@@ -11,6 +11,7 @@ import os
 from types import TracebackType
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 
 from kiln_operator import constants
@@ -23,14 +24,31 @@ APPLY_KINDS = {"inferenceservices": constants.KIND}
 """Kinds by plural, for the objects this client server-side-applies."""
 
 
-class ApiError(Exception):
+REQUEST_TIMEOUT_SECONDS = 60.0
+"""How long one request may take before it counts as unanswered (kopf's own API requests use
+the same bound): without one, a half-open connection would hold a reconcile worker forever."""
+
+
+class RequestFailed(Exception):
+    """A request that did not succeed: refused or failed by the API server (ApiError), or never
+    answered (NoAnswer)."""
+
+    def __init__(self, method: str, message: str, answer: str) -> None:
+        super().__init__(message)
+        self.method = method
+        """The HTTP method: which of read, create, update, patch, delete failed."""
+        self.answer = answer
+        """Why, trimmed for people: the API server's own message, or what came instead."""
+
+
+class ApiError(RequestFailed):
     """A non-2xx answer from the API server."""
 
     def __init__(self, status: int, method: str, path: str, body: str) -> None:
-        super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
+        super().__init__(
+            method, f"{method} {path}: HTTP {status}: {body[:500]}", _status_message(body)
+        )
         self.status = status
-        self.answer = _status_message(body)
-        """The API server's own message (a Status object's `message`), trimmed for people."""
 
     @property
     def is_rejection(self) -> bool:
@@ -49,6 +67,18 @@ class ApiError(Exception):
         return self.status == 404
 
 
+class NoAnswer(RequestFailed):
+    """No answer within REQUEST_TIMEOUT_SECONDS, or the connection failed."""
+
+    def __init__(self, method: str, path: str, cause: Exception) -> None:
+        answer = (
+            f"no answer within {REQUEST_TIMEOUT_SECONDS:g} s"
+            if isinstance(cause, TimeoutError)
+            else f"connection failed: {_folded(str(cause) or type(cause).__name__)}"
+        )
+        super().__init__(method, f"{method} {path}: {answer}", answer)
+
+
 MAX_ANSWER = 512
 """Characters of the API server's message kept for a condition: enough for the field, the
 value and the rule it broke."""
@@ -60,7 +90,12 @@ def _status_message(body: str) -> str:
     except ValueError:
         parsed = None
     message = parsed.get("message") if isinstance(parsed, dict) else None
-    text = " ".join(str(message if message else body).split())
+    return _folded(str(message if message else body))
+
+
+def _folded(text: str) -> str:
+    """Whitespace folded, at most MAX_ANSWER characters."""
+    text = " ".join(text.split())
     return text if len(text) <= MAX_ANSWER else text[: MAX_ANSWER - 1] + "…"
 
 
@@ -112,19 +147,23 @@ class KubeClient:
         content_type: str = "application/json",
         query: list[tuple[str, str]] | None = None,
     ) -> Manifest:
-        response = await self._api.call_api(
-            path,
-            method,
-            query_params=query or [],
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-        )
         try:
-            text = await response.text()
-        finally:
-            response.release()
+            response = await self._api.call_api(
+                path,
+                method,
+                query_params=query or [],
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+            try:
+                text = await response.text()
+            finally:
+                response.release()
+        except (TimeoutError, aiohttp.ClientError) as error:
+            raise NoAnswer(method, path, error) from error
         if not 200 <= response.status < 300:
             raise ApiError(response.status, method, path, text)
         parsed: Manifest = json.loads(text) if text else {}

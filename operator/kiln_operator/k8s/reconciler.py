@@ -9,14 +9,17 @@ It reads from the watch-fed `ObjectCache` (no request when nothing differs); the
 reads the API server itself, the safety net for anything the watches missed.
 
 It writes to and deletes only children whose controller owner is the InferenceService: a name
-held by anything else is reported (Ready=False, ChildConflict) and never written, and a child
-the API server refuses is reported with the server's answer (ChildRejected). Either way the
-reconcile's Outcome carries the problem, and the caller retries with backoff.
+held by anything else is reported (Ready=False, ChildConflict) and never written. Every other
+error of applying a child is reported too, with the server's answer: a refusal (ChildRejected)
+or a failure that may pass (ChildApplyFailed: a 5xx, a conflict that stays, no answer). Either
+way the other children are still applied, the reconcile's Outcome carries the problem, and the
+caller retries with backoff; the first reconcile without a problem clears it.
 """
 
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -35,7 +38,7 @@ from kiln_operator.builders.naming import grpc_address, http_url, label_selector
 from kiln_operator.builders.pdb import wants_pdb
 from kiln_operator.constants import MANAGER
 from kiln_operator.k8s.cache import ObjectCache
-from kiln_operator.k8s.client import ApiError, KubeClient, Manifest
+from kiln_operator.k8s.client import ApiError, KubeClient, Manifest, RequestFailed
 from kiln_operator.k8s.resources import (
     CRDS,
     DEPLOYMENTS,
@@ -54,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 CONFLICT_ATTEMPTS = 4
 """A 409 (someone wrote the child between our read and our write) re-reads and retries."""
+VERBS = {"GET": "read", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+"""What a failed request tried to do, in a condition's words."""
 KEEP_LIVE_SPEC = (SERVICES,)
 """Kinds whose live spec holds fields the server assigns (a Service's clusterIP): an update
 merges ours into it instead of replacing it."""
@@ -73,12 +78,13 @@ class Outcome:
     events: list[Event] = field(default_factory=list)
     spec_error: SpecError | None = None
     child_problems: list[ChildProblem] = field(default_factory=list)
-    """Children not written: held by another object, or refused by the API server."""
+    """Children not written: held by another object, refused or failed by the API server."""
 
 
 class ChildrenNotApplied(Exception):
     """Raised by the caller after reporting an Outcome with child problems, so the work queue
-    tries again with backoff (a conflicting object may go, a refusal may be a quota)."""
+    tries again with backoff (a conflicting object may go, a refusal may be a quota, a server
+    error may pass)."""
 
     def __init__(self, outcome: Outcome) -> None:
         super().__init__("; ".join(problem.message for problem in outcome.child_problems))
@@ -158,13 +164,13 @@ class Reconciler:
         if body is None or body["metadata"].get("deletionTimestamp"):
             self.forget(namespace, name)
             return Outcome()
-        deployment = await self._read(DEPLOYMENTS, namespace, name, fresh)
-        return await self._reconcile(body, deployment, fresh)
+        return await self._reconcile(body, fresh)
 
-    async def _reconcile(self, body: Manifest, deployment: Manifest | None, fresh: bool) -> Outcome:
+    async def _reconcile(self, body: Manifest, fresh: bool) -> Outcome:
         meta = body["metadata"]
         owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
         outcome = Outcome(body=body)
+        deployment = await self._read_deployment(owner, outcome, fresh)
         parsed = parse_spec(
             owner.name, body.get("spec"), warmup_budget_bytes=self._warmup_budget_bytes
         )
@@ -196,6 +202,17 @@ class Reconciler:
         outcome.events.extend(update.events)
         return outcome
 
+    async def _read_deployment(
+        self, owner: Owner, outcome: Outcome, fresh: bool
+    ) -> Manifest | None:
+        """The Deployment, as _read has it. A fresh read that fails is reported and the cache's
+        copy serves instead, as in a reconcile that does not read afresh."""
+        try:
+            return await self._read(DEPLOYMENTS, owner.namespace, owner.name, fresh)
+        except RequestFailed as error:
+            outcome.child_problems.append(_failure(_named("Deployment", owner), error))
+            return self._cache.get(DEPLOYMENTS.plural, owner.namespace, owner.name)
+
     async def _apply_children(
         self,
         spec: InferenceServiceSpec,
@@ -214,23 +231,29 @@ class Reconciler:
         async def deployment_and_pdb() -> Manifest | None:
             initial_replicas = spec.autoscaling.min_replicas
             if deployment is None:
-                live = await self._create(
-                    DEPLOYMENTS, owner, build_deployment(spec, owner, initial_replicas), outcome
-                )
+                desired = build_deployment(spec, owner, initial_replicas)
+                step = self._create(DEPLOYMENTS, owner, desired, outcome)
             else:
                 desired = build_deployment(spec, owner)
-                live = await self._correct(DEPLOYMENTS, owner, deployment, desired, outcome)
+                step = self._correct(DEPLOYMENTS, owner, deployment, desired, outcome)
+            live = await self._reported(step, desired["kind"], owner, outcome)
             if live is None or not _controlled_by(live, owner):
                 return None
             live_replicas = int((live.get("spec") or {}).get("replicas", initial_replicas))
             if wants_pdb(max(initial_replicas, live_replicas)):
                 await self._ensure(PDBS, owner, build_pdb(owner), outcome, fresh)
             else:
-                await self._remove(PDBS, owner, outcome, fresh)
+                removal = self._remove(PDBS, owner, outcome, fresh)
+                await self._reported(removal, "PodDisruptionBudget", owner, outcome)
             return live
 
         async def service_and_monitor() -> None:
-            with_monitor = await self._service_monitor_crd_exists()
+            try:
+                with_monitor = await self._service_monitor_crd_exists()
+            except RequestFailed as error:  # whether the Service carries scrape annotations
+                target = f"CustomResourceDefinition {SERVICE_MONITOR_CRD}"
+                outcome.child_problems.append(_failure(target, error))
+                return
             service = build_service(owner, scrape_annotations=not with_monitor)
             await self._ensure(SERVICES, owner, service, outcome, fresh)
             if with_monitor:
@@ -245,6 +268,18 @@ class Reconciler:
             raise failed.exceptions[0] from None  # as a sequential reconcile would have raised
         return written.result()
 
+    async def _reported(
+        self, step: Awaitable[Manifest | None], kind: str, owner: Owner, outcome: Outcome
+    ) -> Manifest | None:
+        """Run one child's read, create, update or delete; if the API server refuses it, fails
+        it or never answers, report that on the outcome (None: no live child known) instead of
+        ending the reconcile, so the other children are still applied and Ready says why."""
+        try:
+            return await step
+        except RequestFailed as error:
+            outcome.child_problems.append(_failure(_named(kind, owner), error))
+            return None
+
     async def _ensure(
         self,
         resource: Resource,
@@ -253,21 +288,22 @@ class Reconciler:
         outcome: Outcome,
         fresh: bool,
     ) -> Manifest | None:
-        live = await self._read(resource, owner.namespace, owner.name, fresh)
-        if live is None:
-            return await self._create(resource, owner, desired, outcome)
-        return await self._correct(resource, owner, live, desired, outcome)
+        async def read_and_write() -> Manifest | None:
+            live = await self._read(resource, owner.namespace, owner.name, fresh)
+            if live is None:
+                return await self._create(resource, owner, desired, outcome)
+            return await self._correct(resource, owner, live, desired, outcome)
+
+        return await self._reported(read_and_write(), desired["kind"], owner, outcome)
 
     async def _create(
         self, resource: Resource, owner: Owner, desired: Manifest, outcome: Outcome
     ) -> Manifest | None:
-        """Create the child; None when it was not (refused, or the name is held by another)."""
+        """Create the child; None when the name is held by another. Errors other than a 409
+        raise: the caller reports them (_reported)."""
         try:
             created = await self._kube.create(resource, owner.namespace, desired)
         except ApiError as error:
-            if error.is_rejection:
-                _report_rejection(outcome, desired["kind"], owner, "create", error)
-                return None
             if not error.is_conflict:
                 raise
             # Exists: ours (created by a killed operator's earlier run, or a peer), or someone
@@ -289,7 +325,9 @@ class Reconciler:
         outcome: Outcome,
     ) -> Manifest | None:
         """Write the child only if it is ours and a field we set differs; retry on 409 with a
-        fresh read. Returns the live child; None when the name is held by another object."""
+        fresh read. Returns the live child; None when the name is held by another object. A
+        write that fails (refused, a server error, a 409 on every attempt, no answer) is
+        reported and the live child returned: status keeps reflecting what runs."""
         for attempt in range(CONFLICT_ATTEMPTS):
             if not _controlled_by(live, owner):
                 self._cache.forget(resource.plural, owner.namespace, owner.name)
@@ -303,12 +341,11 @@ class Reconciler:
                     owner.namespace,
                     build_update(live, desired, keep_live_spec=resource in KEEP_LIVE_SPEC),
                 )
-            except ApiError as error:
-                if error.is_rejection:
-                    _report_rejection(outcome, desired["kind"], owner, "update", error)
+            except RequestFailed as error:
+                last = attempt == CONFLICT_ATTEMPTS - 1
+                if not isinstance(error, ApiError) or not error.is_conflict or last:
+                    outcome.child_problems.append(_failure(_named(desired["kind"], owner), error))
                     return live
-                if not error.is_conflict or attempt == CONFLICT_ATTEMPTS - 1:
-                    raise
                 logger.info(
                     "conflict writing %s %s/%s; re-reading",
                     desired["kind"],
@@ -368,14 +405,28 @@ def _conflict(kind: str, owner: Owner, live: Manifest) -> ChildProblem:
     )
 
 
-def _report_rejection(
-    outcome: Outcome, kind: str, owner: Owner, verb: str, error: ApiError
-) -> None:
-    logger.warning("%s of %s %s/%s refused: %s", verb, kind, owner.namespace, owner.name, error)
-    outcome.child_problems.append(
-        ChildProblem(
+def _named(kind: str, owner: Owner) -> str:
+    """A child as a condition names it: every child is named like its InferenceService."""
+    return f"{kind} {owner.namespace}/{owner.name}"
+
+
+def _failure(target: str, error: RequestFailed) -> ChildProblem:
+    """What Ready says about a failed request for `target`: a refusal (the same request gets
+    the same answer until something changes) or a failure that may pass on a retry."""
+    logger.warning("%s: %s", target, error)
+    verb = VERBS.get(error.method, error.method)
+    if isinstance(error, ApiError) and error.is_rejection:
+        return ChildProblem(
             constants.REASON_CHILD_REJECTED,
-            f"the API server refused to {verb} {kind} {owner.namespace}/{owner.name} "
-            f"(HTTP {error.status}): {error.answer}",
+            f"the API server refused to {verb} {target} (HTTP {error.status}): {error.answer}",
         )
+    if not isinstance(error, ApiError):
+        how = ""  # the answer says it: no answer in time, or the connection failed
+    elif error.is_conflict and error.method == "PUT":
+        how = f" (HTTP 409 on each of {CONFLICT_ATTEMPTS} attempts)"
+    else:
+        how = f" (HTTP {error.status})"
+    return ChildProblem(
+        constants.REASON_CHILD_APPLY_FAILED,
+        f"could not {verb} {target}{how}: {error.answer}; retrying with backoff",
     )

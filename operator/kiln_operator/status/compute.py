@@ -61,13 +61,18 @@ class StatusUpdate:
 @dataclass(frozen=True)
 class ChildProblem:
     """A child the reconcile did not write: its name is held by another object
-    (REASON_CHILD_CONFLICT) or the API server refused it (REASON_CHILD_REJECTED)."""
+    (REASON_CHILD_CONFLICT), the API server refused it (REASON_CHILD_REJECTED), or reading or
+    writing it failed in a way that may pass (REASON_CHILD_APPLY_FAILED)."""
 
     reason: str
     message: str
 
 
-CHILD_PROBLEM_REASONS = (constants.REASON_CHILD_CONFLICT, constants.REASON_CHILD_REJECTED)
+CHILD_PROBLEM_REASONS = (
+    constants.REASON_CHILD_CONFLICT,
+    constants.REASON_CHILD_REJECTED,
+    constants.REASON_CHILD_APPLY_FAILED,
+)
 
 
 @dataclass(frozen=True)
@@ -237,7 +242,10 @@ def _conditions(
         ready = (False, constants.REASON_MODEL_DOWNLOAD_FAILED, observation.download_failure)
     if observation.child_problems:
         first = observation.child_problems[0]
-        message = "; ".join(problem.message for problem in observation.child_problems)
+        # one failure can surface twice (a fresh read, then a re-read): say it once
+        message = "; ".join(
+            dict.fromkeys(problem.message for problem in observation.child_problems)
+        )
         ready = (False, first.reason, message)
     if observation.spec_error is not None:
         ready = (False, constants.REASON_INVALID_SPEC, observation.spec_error)

@@ -6,13 +6,11 @@ import asyncio
 import copy
 from typing import Any
 
-import pytest
-
 from kiln_operator import constants
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, Manifest
 from kiln_operator.k8s.peering import ensure_peering_object
-from kiln_operator.k8s.reconciler import Reconciler
+from kiln_operator.k8s.reconciler import CONFLICT_ATTEMPTS, Reconciler
 from kiln_operator.k8s.resources import (
     CRDS,
     DEPLOYMENTS,
@@ -176,14 +174,17 @@ async def test_conflicts_are_retried_on_a_fresh_read() -> None:
     assert live(kube, DEPLOYMENTS)["spec"]["template"]["spec"]["containers"][0]["image"] != "evil:1"
 
 
-async def test_endless_conflicts_surface_so_kopf_retries_later() -> None:
+async def test_endless_conflicts_surface_so_the_work_queue_retries_later() -> None:
     kube = FakeKube()
     add_service(kube, load_sample("minimal")["spec"])
     await reconciler(kube).reconcile(NAMESPACE, "mlp")
     live(kube, DEPLOYMENTS)["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:1"
     kube.conflicts_left = 100
-    with pytest.raises(ApiError, match="409"):
-        await reconciler(kube).reconcile(NAMESPACE, "mlp")
+    outcome = await reconciler(kube).reconcile(NAMESPACE, "mlp")
+    assert kube.writes.count(("replace", "deployments")) == CONFLICT_ATTEMPTS
+    [problem] = outcome.child_problems
+    assert problem.reason == constants.REASON_CHILD_APPLY_FAILED
+    assert f"HTTP 409 on each of {CONFLICT_ATTEMPTS} attempts" in problem.message
 
 
 async def test_an_invalid_spec_changes_no_child_and_reports_the_field() -> None:

@@ -1,11 +1,12 @@
 """Status: rollout reading, the aggregate Ready, transition times, change-only patches, events."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kiln_operator import constants
 from kiln_operator.status import compute_status, find_condition, rollout_state, set_condition
-from kiln_operator.status.compute import Observation
+from kiln_operator.status.compute import ChildProblem, Observation
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 FOREIGN_CONDITION = {
@@ -262,3 +263,21 @@ def test_the_applied_status_holds_only_the_reconcile_loops_own_conditions() -> N
         "Ready",
     ]
     assert update.applied["url"] == "http://x.ns.svc:8000"
+
+
+def test_a_child_problem_reported_twice_is_said_once_and_clears_with_the_next_success() -> None:
+    failed = ChildProblem(
+        constants.REASON_CHILD_APPLY_FAILED,
+        "could not read Deployment ns/x (HTTP 503): unavailable; retrying with backoff",
+    )
+    serving = deployment()
+    problems = replace(observe(serving), child_problems=(failed, failed))
+    status = compute_status({}, problems, T0).applied
+    ready = condition(status, "Ready")
+    assert (ready["status"], ready["reason"], ready["message"]) == (
+        "False",
+        "ChildApplyFailed",
+        failed.message,
+    )
+    cleared = condition(compute_status(status, observe(serving), T0).applied, "Ready")
+    assert (cleared["status"], cleared["reason"]) == ("True", constants.REASON_AVAILABLE)
