@@ -2,6 +2,7 @@
 
 python -m kiln_runtime serve --model-path PATH --model-name NAME [--config FILE] [--host ADDR]
                              [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
+                             [--grpc-transport kiln|grpcio [--grpc-tls-cert F --grpc-tls-key F]]
 python -m kiln_runtime example-model --kind mlp|transformer --out DIR
 python -m kiln_runtime fetch --uri s3://BUCKET/KEY|https://… --dest DIR [...]  (an init container)
 
@@ -48,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
         help="kiln: the runtime's own HTTP/2 (fast); grpcio: grpcio's server (TLS, streaming)",
     )  # fmt: skip
     serve.add_argument(
+        "--grpc-tls-cert", type=Path, help="PEM certificate chain: gRPC over TLS (grpcio only)"
+    )
+    serve.add_argument("--grpc-tls-key", type=Path, help="PEM private key of --grpc-tls-cert")
+    serve.add_argument(
         "--torch-threads",
         type=int,
         default=None,
@@ -81,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_fetch(args)
 
+    if (args.grpc_tls_cert is None) != (args.grpc_tls_key is None):
+        print("error: --grpc-tls-cert and --grpc-tls-key go together", file=sys.stderr)
+        return 2
+    if args.grpc_tls_cert is not None and args.grpc_transport != "grpcio":
+        print("error: gRPC TLS needs --grpc-transport grpcio", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -111,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         grpc_transport=args.grpc_transport,
+        grpc_tls_cert=args.grpc_tls_cert,
+        grpc_tls_key=args.grpc_tls_key,
         torch_threads=args.torch_threads or default_torch_threads(),
     )
     return asyncio.run(serve(options))

@@ -165,6 +165,14 @@ class DataPlane:
         if code == errors.OK_METRIC_CODE:
             self._last_inference_ms = int(time.time() * 1000)
 
+    def refused(self, protocol: str, code: str, seconds: float = 0.0) -> None:
+        """Count an infer request a transport refused before ``handle`` saw it (too large, too
+        slow to arrive, malformed framing, buffers full): it ends in one code like any other,
+        so the autoscaler and dashboards see it. It was never in flight; ``seconds`` is what
+        the transport spent on it (0 when it was refused before any decoding)."""
+        self.metrics.requests[(protocol, code)].inc()
+        self.metrics.request_duration[(protocol, code)].observe(seconds)
+
     def observe_stage(self, stage: str, seconds: float) -> None:
         self.metrics.stage[stage].observe(seconds)
 
@@ -182,14 +190,18 @@ class DataPlane:
         An ``InferError`` is counted under its code and raised again for the adapter to answer
         in its protocol's terms. Any other exception is a bug: it is logged, counted
         ``internal`` and raised as an INTERNAL ``InferError``, so both protocols answer it
-        alike. Cancellation (the client went away, or the adapter gave up at the call's
-        deadline) is counted ``deadline`` if the request's deadline had passed, else
-        ``cancelled``, and propagates. ``decode_off_loop`` decodes in a worker thread (large
-        bodies: parsing must not stall the event loop and the health probes it serves).
+        alike. An ``InferError`` raised while encoding is counted ``internal`` whatever its
+        kind: the request was valid and computed, and the runtime could not express the answer
+        (an output of NaN asked for as JSON), which is no fault of the client. Cancellation
+        (the client went away, or the adapter gave up at the call's deadline) is counted
+        ``deadline`` if the request's deadline had passed, else ``cancelled``, and propagates.
+        ``decode_off_loop`` decodes in a worker thread (large bodies: parsing must not stall
+        the event loop and the health probes it serves).
         """
         started = time.perf_counter()
         code = errors.OK_METRIC_CODE
         deadline: float | None = None
+        encoding = False
         self.request_started()
         try:
             if decode_off_loop:
@@ -204,18 +216,19 @@ class DataPlane:
             self.observe_stage("decode", decoded - started)
             response = await self.infer(request)
             encode_started = time.perf_counter()
+            encoding = True
             encoded = encode(response)
             self.observe_stage("encode", time.perf_counter() - encode_started)
             return encoded
         except errors.InferError as error:
-            code = error.kind.mapping.metric_code
+            code = errors.INTERNAL_METRIC_CODE if encoding else error.kind.mapping.metric_code
             raise
         except asyncio.CancelledError:
             late = deadline is not None and time.perf_counter() >= deadline
             code = "deadline" if late else errors.CANCELLED_METRIC_CODE
             raise
         except Exception as error:
-            code = errors.ErrorKind.INTERNAL.mapping.metric_code
+            code = errors.INTERNAL_METRIC_CODE
             log.exception("internal error answering a %s infer request", protocol)
             raise errors.InferError(
                 errors.ErrorKind.INTERNAL, "internal error; see server log"

@@ -34,6 +34,8 @@ class ErrorKind(enum.Enum):
 OK_METRIC_CODE = "ok"
 # The client went away (closed its connection, reset its stream) before the answer was sent.
 CANCELLED_METRIC_CODE = "cancelled"
+# The runtime failed a valid request: a model or runtime error, or an answer it cannot encode.
+INTERNAL_METRIC_CODE = ErrorKind.INTERNAL.mapping.metric_code
 # Every ``code`` label value, in the order the docs list them; each request ends in one.
 METRIC_CODES = ("ok", "invalid", "overloaded", "deadline", "cancelled", "internal")
 

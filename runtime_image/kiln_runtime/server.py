@@ -41,6 +41,9 @@ class ServeOptions:
     grpc_port: int = 8001
     metrics_port: int = 8002
     grpc_transport: str = "kiln"  # or "grpcio": grpcio's own server (protocol/grpcio_server.py)
+    # PEM certificate chain and private key: the gRPC port serves TLS (grpcio transport only)
+    grpc_tls_cert: Path | None = None
+    grpc_tls_key: Path | None = None
     torch_threads: int | None = None
 
 
@@ -62,15 +65,16 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-model")
     dataplane = DataPlane(config, metrics, executor)
     http = HttpServer(RestAdapter(dataplane))
-    transport: type[GrpcServer | GrpcioServer] = GrpcServer
+    grpc_service = InferenceServicer(dataplane).service()
+    age, grace = config.connections.max_age_seconds, config.connections.max_age_grace_seconds
+    grpc_server: GrpcServer | GrpcioServer
     if options.grpc_transport == "grpcio":
-        transport = GrpcioServer
-    grpc_server = transport(
-        InferenceServicer(dataplane).service(),
-        max_connection_age=config.connections.max_age_seconds,
-        max_age_grace=config.connections.max_age_grace_seconds,
-        limits=config.http2,
-    )
+        tls = None
+        if options.grpc_tls_cert is not None and options.grpc_tls_key is not None:
+            tls = (options.grpc_tls_cert.read_bytes(), options.grpc_tls_key.read_bytes())
+        grpc_server = GrpcioServer(grpc_service, age, grace, limits=config.http2, tls=tls)
+    else:
+        grpc_server = GrpcServer(grpc_service, age, grace, limits=config.http2)
     metrics_server, metrics_thread = start_http_server(
         options.metrics_port, addr=options.host, registry=metrics.registry
     )

@@ -8,10 +8,12 @@ and are viewed without copies; typed ``contents`` are accepted too.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
+from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from kiln_runtime import __version__, errors
@@ -38,7 +40,7 @@ _CONTENTS_FIELD = {
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
 }
-EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
 SERVICE = "inference.GRPCInferenceService"
 WATCH_POLL_SECONDS = 0.5
 
@@ -125,8 +127,16 @@ class InferenceServicer:
             "ModelReady": UnaryMethod(service_pb2.ModelReadyRequest, self.model_ready),
             "ModelMetadata": UnaryMethod(service_pb2.ModelMetadataRequest, self.model_metadata),
             "ModelConfig": UnaryMethod(service_pb2.ModelConfigRequest, self.model_config),
-            "ModelInfer": UnaryMethod(service_pb2.ModelInferRequest, self.model_infer),
-        }
+            "ModelStatistics": UnaryMethod(
+                service_pb2.ModelStatisticsRequest, self.model_statistics
+            ),
+            # calls the transport refuses before model_infer are counted as the data plane
+            # counts the rest
+            "ModelInfer": UnaryMethod(
+                service_pb2.ModelInferRequest, self.model_infer,
+                refused=functools.partial(self.dataplane.refused, "grpc"),
+            ),
+        }  # fmt: skip
         # The message limit sits above the tensor limit (typed contents and field overhead can
         # outgrow the raw bytes) so that most oversized requests get decode_infer's message.
         service = GrpcService(SERVICE, methods, max_message=2 * self.max_bytes + (1 << 20))
@@ -220,6 +230,16 @@ class InferenceServicer:
             ),
         )
         return service_pb2.ModelConfigResponse(config=config)
+
+    async def model_statistics(self, request: Any, time_left: float | None) -> Any:
+        """Triton's statistics extension: the document ``/v2/models/{m}/stats`` answers
+        (``DataPlane.statistics``), parsed into ``ModelStatisticsResponse``, whose field names
+        it uses, so both protocols report the same numbers. An empty name means every model
+        (this runtime's one), as Triton's ``/v2/models/stats`` does."""
+        stats = self.dataplane.statistics(request.name, request.version)
+        return json_format.ParseDict(
+            {"model_stats": [stats]}, service_pb2.ModelStatisticsResponse()
+        )
 
     async def model_infer(self, request: Any, time_left: float | None) -> Any:
         def decode() -> InferRequest:

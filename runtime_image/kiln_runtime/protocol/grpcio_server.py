@@ -1,7 +1,8 @@
 """The same gRPC services served by grpcio's own server instead of Kiln's transport.
 
-For users who need what Kiln's transport does not do: TLS, or client-streaming calls Kiln does
-not implement. It costs several times the CPU per call (``bench/grpc_floor.py``: grpc.aio
+For users who need what Kiln's transport does not do: TLS (``--grpc-tls-cert``/``-key``:
+grpcio's server credentials; Kiln's transport is cleartext h2c), or client-streaming calls Kiln
+does not implement. It costs several times the CPU per call (``bench/grpc_floor.py``: grpc.aio
 answers about a tenth of the calls per core), so it is an option (``--grpc-transport grpcio``),
 not the default. It serves every method of a ``GrpcService`` (unary and streaming) through one
 generic handler; the limits map onto grpcio's channel arguments where grpcio has them.
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from kiln_runtime import errors
 from kiln_runtime.config import Http2Limits
@@ -26,9 +28,22 @@ def _serialize(message: Any) -> bytes:
     return message.SerializeToString()  # type: ignore[no-any-return]
 
 
-def _unary(method: UnaryMethod) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
-    async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+def _unary(method: UnaryMethod) -> Callable[[bytes, grpc.aio.ServicerContext], Any]:
+    """The behaviour of a unary method; it parses the message itself (grpcio hands it the
+    bytes) so that a malformed one is INVALID_ARGUMENT, told to ``method.refused``, as on
+    Kiln's transport (grpcio's own parsing would answer UNKNOWN and tell no one)."""
+
+    async def behaviour(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         try:
+            try:
+                request = method.request_type.FromString(raw)
+            except DecodeError as error:
+                failure = errors.invalid(
+                    f"malformed {method.request_type.DESCRIPTOR.name}: {error}"
+                )
+                if method.refused is not None:
+                    method.refused(failure.kind.mapping.metric_code, 0.0)
+                raise failure from None
             return await method.call(request, context.time_remaining())
         except errors.InferError as error:
             await context.abort(grpc.StatusCode[error.kind.mapping.grpc_code], error.message)
@@ -70,7 +85,7 @@ class _Handler(grpc.GenericRpcHandler):  # type: ignore[misc]
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         for path, unary in service.unary_methods.items():
             self._handlers[path.decode()] = grpc.unary_unary_rpc_method_handler(
-                _unary(unary), unary.request_type.FromString, _serialize
+                _unary(unary), None, _serialize
             )
         for path, streamed in service.streaming_methods.items():
             self._handlers[path.decode()] = grpc.stream_stream_rpc_method_handler(
@@ -90,8 +105,14 @@ class GrpcioServer:
         max_connection_age: float = 0.0,
         max_age_grace: float = 10.0,
         limits: Http2Limits | None = None,
+        tls: tuple[bytes, bytes] | None = None,
     ) -> None:
+        """``tls``: a PEM certificate chain and its private key, to serve TLS instead of
+        cleartext HTTP/2 (the client need not present a certificate)."""
         limits = limits or Http2Limits()
+        self._credentials = None
+        if tls is not None:
+            self._credentials = grpc.ssl_server_credentials([(tls[1], tls[0])])
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", service.max_message),
             ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
@@ -106,7 +127,11 @@ class GrpcioServer:
         self._server.add_generic_rpc_handlers((_Handler(service),))
 
     async def start(self, host: str, port: int) -> int:
-        bound = int(self._server.add_insecure_port(f"{host}:{port}"))
+        address = f"{host}:{port}"
+        if self._credentials is not None:
+            bound = int(self._server.add_secure_port(address, self._credentials))
+        else:
+            bound = int(self._server.add_insecure_port(address))
         await self._server.start()
         return bound
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ STATUS_CODES = {
     "UNAVAILABLE": 14,
 }  # fmt: skip
 
+INVALID_METRIC_CODE = errors.ErrorKind.INVALID.mapping.metric_code
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
 ACCEPT_ENCODING = b"identity,gzip"
@@ -50,7 +52,8 @@ _OK_TRAILERS = hpack.encode([(b"grpc-status", b"0")])
 
 
 class _Refused(Exception):
-    """A request the transport refuses before any method sees it."""
+    """A request the transport refuses before any method sees it (``code``: its gRPC status;
+    each is the client's doing, so an infer call refused so is counted ``invalid``)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -62,11 +65,16 @@ class UnaryMethod:
     """A method's request message type and its implementation.
 
     ``call(request, time_left)``, ``time_left`` being the seconds until the call's deadline
-    if it has one, returns the response message or raises ``InferError``.
+    if it has one, returns the response message or raises ``InferError``. ``refused(code,
+    seconds)``, if given, hears of each call the transport refuses before ``call`` (metadata
+    or message too large, malformed framing, compression or protobuf), with the
+    ``kiln_requests_total`` code it ends in: the infer method counts those as ``call`` counts
+    the rest, so that each call is counted exactly once.
     """
 
     request_type: Any
     call: Callable[[Any, float | None], Awaitable[Any]]
+    refused: Callable[[str, float], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -171,9 +179,13 @@ class GrpcService:
         return self._is_grpc(headers) and path not in self._methods and path not in self._streams
 
     async def handle(self, request: Request) -> Response:
-        if request.headers_too_large:  # grpc-go's answer: the call fails, the channel lives
-            return status_response("RESOURCE_EXHAUSTED", "request metadata exceeds the limit")
+        started = time.perf_counter()
         headers = request.headers
+        if request.headers_too_large:  # grpc-go's answer: the call fails, the channel lives
+            return _refuse(
+                self._methods.get(headers.get(b":path", b"")), "RESOURCE_EXHAUSTED",
+                "request metadata exceeds the limit", INVALID_METRIC_CODE, started,
+            )  # fmt: skip
         if headers.get(b":method") != b"POST":
             return http_error(405)
         if not headers.get(b"content-type", b"").startswith(b"application/grpc"):
@@ -185,19 +197,22 @@ class GrpcService:
         method = self._methods.get(path)
         if method is None:
             return status_response("UNIMPLEMENTED", f"unknown method {path.decode('latin-1')}")
-        if request.too_large:
-            return status_response(
-                "INVALID_ARGUMENT",
-                f"request message exceeds the limit of {self.max_message} bytes",
-            )
         try:
+            if request.too_large:
+                raise errors.invalid(
+                    f"request message exceeds the limit of {self.max_message} bytes"
+                )
             timeout = grpc_timeout(headers[b"grpc-timeout"]) if b"grpc-timeout" in headers else None
             message = await self._unframe(request, method.request_type)
+        except errors.InferError as error:
+            mapping = error.kind.mapping
+            return _refuse(method, mapping.grpc_code, error.message, mapping.metric_code, started)
+        except _Refused as refused:
+            return _refuse(method, refused.code, str(refused), INVALID_METRIC_CODE, started)
+        try:
             reply = await method.call(message, timeout)
         except errors.InferError as error:
             return status_response(error.kind.mapping.grpc_code, error.message)
-        except _Refused as refused:
-            return status_response(refused.code, str(refused))
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -277,6 +292,15 @@ class GrpcService:
             return request_type.FromString(payload)
         except DecodeError as error:
             raise errors.invalid(f"malformed {request_type.DESCRIPTOR.name}: {error}") from None
+
+
+def _refuse(
+    method: UnaryMethod | None, code: str, message: str, metric_code: str, started: float
+) -> Response:
+    """The status answering a call refused before its method ran, told to the method."""
+    if method is not None and method.refused is not None:
+        method.refused(metric_code, time.perf_counter() - started)
+    return status_response(code, message)
 
 
 def inflate(data: bytes, limit: int) -> bytes:

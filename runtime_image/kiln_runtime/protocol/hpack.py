@@ -347,7 +347,13 @@ class HpackError(Exception):
 
 class HeaderListTooLarge(HpackError):
     """The block was decoded whole (the table is in step) to a list over the limit: unlike
-    other HPACK errors it need not end the connection, only the stream."""
+    other HPACK errors it need not end the connection, only the stream. ``path`` is the
+    ``:path`` if it came before the limit (pseudo-headers come first), so the refused call can
+    be told apart (an infer call is counted in the metrics), else empty."""
+
+    def __init__(self, message: str, path: bytes = b"") -> None:
+        super().__init__(message)
+        self.path = path
 
 
 def _huffman_machine() -> list[tuple[int, bytes, bool] | None]:
@@ -482,6 +488,7 @@ class Decoder:
         headers: list[tuple[bytes, bytes]] = []
         total = 0
         oversized = False  # past the limit, fields are decoded (for the table) but not kept
+        path = b""
         pos, end = 0, len(block)
         try:
             while pos < end:
@@ -510,10 +517,12 @@ class Decoder:
                     headers.clear()
                 if not oversized:
                     headers.append(field)
+                    if field[0] == b":path":
+                        path = field[1]
         except IndexError:
             raise HpackError("header block ends inside a field") from None
         if oversized:
-            raise HeaderListTooLarge(f"header list larger than {self._max_list} bytes")
+            raise HeaderListTooLarge(f"header list larger than {self._max_list} bytes", path)
         return headers
 
     def _entry(self, index: int) -> tuple[bytes, bytes]:

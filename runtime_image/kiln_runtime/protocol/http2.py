@@ -131,7 +131,8 @@ class Request:
     chunks: list[bytes] = field(default_factory=list)
     size: int = 0
     too_large: bool = False  # the body passed the limit; what arrived of it was dropped
-    headers_too_large: bool = False  # the header list passed the limit; ``headers`` is empty
+    # the header list passed the limit: ``headers`` holds at most its ``:path``
+    headers_too_large: bool = False
     # A streamed request (``Streaming``) is handed on from its headers: ``chunks`` grows as its
     # body arrives (``arrived`` is set each time), ``ended`` once the client half-closed, and
     # ``send(headers, data)`` writes answer data before the final Response (False: the
@@ -685,8 +686,10 @@ class Http2Connection(asyncio.Protocol):
         oversized = False
         try:  # always decoded: the decoder's table must follow the peer's encoder
             fields = self._decoder.decode(block)
-        except hpack.HeaderListTooLarge:
+        except hpack.HeaderListTooLarge as error:
             oversized = True  # the table is in step: only this stream fails
+            if error.path:  # all that is kept: which method the refused call was for
+                fields = ((b":path", error.path),)
         except hpack.HpackError as error:
             raise ProtocolViolation(COMPRESSION_ERROR, str(error)) from None
         stream = self._streams.get(stream_id)

@@ -31,6 +31,11 @@ _REASONS = {
     500: b"Internal Server Error", 503: b"Service Unavailable", 504: b"Gateway Timeout",
 }  # fmt: skip
 HEALTH_PREFIX = b"/v2/health/"
+# The ``kiln_requests_total`` code of an infer request refused here, before the data plane
+# sees it: the client's fault (too large, malformed), too slow to arrive, or no room for it.
+_REFUSAL_CODES = {
+    400: "invalid", 413: "invalid", 431: "invalid", 408: "deadline", 503: "overloaded",
+}  # fmt: skip
 _REFUSED_BODY = b'{"error":"too many connections; retry shortly"}'
 _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
@@ -194,8 +199,7 @@ class HttpConnection(asyncio.Protocol):
             if isinstance(offset, int) and offset < len(data):
                 self.data_received(data[offset:])
         except httptools.HttpParserError as error:
-            if not self._refusing:
-                self._fail(400, f"malformed HTTP request: {error}")
+            self._fail(400, f"malformed HTTP request: {error}")
             return
         if self._in_headers and self._header_bytes > self._limits.max_header_bytes:
             self._fail(431, f"request headers exceed {self._limits.max_header_bytes} bytes")
@@ -312,7 +316,16 @@ class HttpConnection(asyncio.Protocol):
         self._measure_writes()
 
     def _fail(self, status: int, message: str) -> None:
-        """Answer at once and close: the rest of this connection's bytes cannot be trusted."""
+        """Answer at once and close: the rest of this connection's bytes cannot be trusted.
+
+        An infer request refused here is counted in ``kiln_requests_total``, as the data plane
+        never sees it; others (health, metadata) are not inference requests. Only the first
+        refusal answers (and counts): the connection is closing, later bytes are discarded.
+        """
+        if self._refusing:
+            return
+        if _infer_target(self._current.url):
+            self._adapter.dataplane.refused("http", _REFUSAL_CODES[status])
         self._refusing = True
         self._cancel_timer()
         self._write(json_response(status, {"error": message}), keep_alive=False)
@@ -393,6 +406,13 @@ class HttpConnection(asyncio.Protocol):
                 self._arm(self._limits.header_timeout_seconds, "request headers")
             elif self._in_body:
                 self._arm(self._limits.body_timeout_seconds, "request body")
+
+
+def _infer_target(url: bytes) -> bool:
+    """The request line names an infer endpoint (``/v2/models/{m}[/versions/{v}]/infer``),
+    as far as it arrived before the request was refused."""
+    path = url.split(b"?", 1)[0].rstrip(b"/")
+    return path.startswith(b"/v2/models/") and path.endswith(b"/infer")
 
 
 class HttpServer:

@@ -249,7 +249,13 @@ def _request_from_document(
 
 
 def _refuse_constant(name: str) -> Any:
-    """JSON has no NaN or Infinity: refused as Triton's parser refuses them."""
+    """JSON (RFC 8259) has no NaN or Infinity: a request spelling them bare is refused.
+
+    This is where Kiln differs from Triton, whose JSON layer (common ``triton_json.h``)
+    parses with rapidjson's ``kParseNanAndInfFlag`` (accepting ``NaN``, ``Inf``,
+    ``Infinity``) and writes with ``kWriteNanAndInfFlag``. Kiln keeps to strict JSON both
+    ways; such values travel as binary tensor data, bit for bit.
+    """
     raise errors.invalid(f"request body is not valid JSON: {name} is not a JSON number")
 
 

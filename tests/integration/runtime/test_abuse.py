@@ -7,6 +7,7 @@ budget over what it used before. ``-s`` prints the table that ``docs/benchmarks/
 ("Abuse") records.
 """
 
+import re
 import subprocess
 import sys
 import threading
@@ -82,6 +83,7 @@ class Watch:
         self._stop.set()
         for thread in self._threads:
             thread.join(30)
+        self.client.close()  # its connection is not left over for the next attack
 
     def _probe(self) -> None:
         while not self._stop.is_set() and len(self.latencies) < 100_000:
@@ -110,10 +112,28 @@ EXPECTED = {  # attack: its time limit, and the start of the line it must print
     "ping": (3, "goaway 11"),
     "settings": (3, "goaway 11"),
     "unread-answers": (10, "server stopped reading after"),
-    "connections": (3, "63 of"),  # the probe holds one of the 64
+    "connections": (3, "kept within the cap"),  # see kept_within_cap
     "slowloris": (2.5, "200 of 200 closed"),
     "big-metadata": (3, "answered, connection kept"),
 }
+
+
+CAP_SLACK = 8  # connections an earlier attack or probe may still hold as the flood starts
+
+
+def kept_within_cap(outcome: str) -> str:
+    """The connection flood's verdict: the server kept at most the cap less the probe's one
+    connection, refused the rest, and kept nearly that many (a connection an earlier probe or
+    attack left, not yet closed, holds a place of its own; an exact count would depend on it).
+    """
+    counted = re.fullmatch(r"(\d+) of (\d+) connections kept", outcome)
+    if counted is None:
+        return outcome
+    kept, held = int(counted[1]), int(counted[2])
+    cap = LIMITS["maxConnections"] - 1  # the probe holds one
+    if cap - CAP_SLACK <= kept <= cap < held:
+        return "kept within the cap"
+    return f"{kept} kept of {held} opened; expected {cap - CAP_SLACK}..{cap} kept, more opened"
 
 
 @pytest.mark.parametrize("attack", EXPECTED.keys())
@@ -128,7 +148,8 @@ def test_an_attack_trips_its_limit_and_others_are_served(runtime: Runtime, attac
         time.sleep(0.3)  # a few probe calls after the attack too
     outcome = completed.stdout.strip()
     RESULTS.append((attack, outcome, watch.peak - watch.baseline, watch.p99))
-    assert outcome.startswith(expected), completed.stderr[-2000:]
+    verdict = kept_within_cap(outcome) if attack == "connections" else outcome
+    assert verdict.startswith(expected), (outcome, completed.stderr[-2000:])
     assert not watch.failures, watch.failures[:3]
     assert len(watch.latencies) > 10
     assert watch.p99 <= PROBE_P99_MS

@@ -149,6 +149,23 @@ def test_statistics_extension_counts_what_the_runtime_served(runtime: Runtime) -
     assert inference["compute_infer"]["count"] == model["execution_count"]
     assert model["last_inference"] > 0
     assert get(runtime, "/v2/models/nope/stats")[0] == 404
+    # gRPC ModelStatistics answers the same document, from the same counters
+    import tritonclient.grpc as triton_grpc
+
+    grpc_client = triton_grpc.InferenceServerClient(runtime.grpc_url)
+    (over_grpc,) = grpc_client.get_inference_statistics("mlp", as_json=True)["model_stats"]
+    now = triton_http.InferenceServerClient(runtime.http_url).get_inference_statistics("mlp")
+    (model,) = now["model_stats"]
+    assert over_grpc["name"] == "mlp" and over_grpc["version"] == model["version"]
+    for outcome in ("success", "fail"):  # as_json writes 64-bit integers as strings
+        assert (
+            int(over_grpc["inference_stats"][outcome]["count"])
+            == (model["inference_stats"][outcome]["count"])
+        )
+    assert int(over_grpc["execution_count"]) == model["execution_count"]
+    with pytest.raises(triton_grpc.InferenceServerException, match="unknown model"):
+        grpc_client.get_inference_statistics("nope")
+    grpc_client.close()
 
 
 def test_deep_json_is_400_and_a_gzip_bomb_is_refused_without_stalling(runtime: Runtime) -> None:

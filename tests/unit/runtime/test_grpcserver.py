@@ -210,3 +210,41 @@ def test_grpc_calls_it_does_not_serve_are_answered_from_their_headers() -> None:
     assert service().answers_early({**known, b":path": b"/pkg.Svc/Stream"})
     assert not service().answers_early({**known, b":method": b"GET"})
     assert not service().answers_early({**known, b"content-type": b"text/plain"})
+
+
+def counting() -> tuple[GrpcService, list[str]]:
+    """The service whose method hears of the calls refused before it ran (as ModelInfer)."""
+    heard: list[str] = []
+    method = UnaryMethod(
+        service_pb2.ModelReadyRequest, model_ready, refused=lambda code, _: heard.append(code)
+    )
+    return GrpcService("inference.GRPCInferenceService", {"ModelReady": method}, 1000), heard
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        Request(1, {b":path": PATH}, headers_too_large=True),
+        request(b"", too_large=True),
+        request(b"\0\0\0\0\3\xff\xff\xff"),  # not a protobuf message
+        request(b"\0\0\0\0\1"),  # shorter than its length prefix
+        request(framed(service_pb2.ModelReadyRequest()), extra={b"grpc-timeout": b"1x"}),
+        request(gzipped(service_pb2.ModelReadyRequest(name="m" * 2000)), extra=GZIP),
+        request(framed(service_pb2.ModelReadyRequest(), True), extra={b"grpc-encoding": b"lz4"}),
+    ],
+    ids=["metadata", "message", "protobuf", "framing", "deadline", "gzip-bomb", "encoding"],
+)
+async def test_calls_refused_before_the_method_are_told_to_it_once(refused: Request) -> None:
+    answering, heard = counting()
+    code, _ = status(await answering.handle(refused))
+    assert code != 0
+    assert heard == ["invalid"]
+
+
+async def test_calls_the_method_answers_are_not_told_as_refused() -> None:
+    answering, heard = counting()
+    await answering.handle(request(framed(service_pb2.ModelReadyRequest(name="m"))))
+    await answering.handle(request(framed(service_pb2.ModelReadyRequest(name="missing"))))
+    other = Request(1, {b":path": b"/pkg.Svc/Other"}, headers_too_large=True)
+    assert status(await answering.handle(other))[0] == 8  # not this method's call
+    assert heard == []

@@ -129,3 +129,14 @@ def test_the_cache_keeps_only_small_blocks() -> None:
     assert decoder.decode(small) == ((b":path", b"/a"),)
     assert decoder.decode(large) == ((b"x-big", b"v" * hpack.CACHED_BLOCK_BYTES),)
     assert list(decoder._cache) == [small]  # a hostile client cannot park large blocks here
+
+
+def test_a_list_over_the_limit_still_names_its_path() -> None:
+    """Only the ``:path`` (before the limit) is kept, so the refused call can be counted."""
+    block = hpack.encode([(b":method", b"POST"), (b":path", b"/s/M"), (b"x-big", b"v" * 200)])
+    with pytest.raises(hpack.HeaderListTooLarge) as refused:
+        hpack.Decoder(max_header_list_size=100).decode(block)
+    assert refused.value.path == b"/s/M"
+    with pytest.raises(hpack.HeaderListTooLarge) as unnamed:
+        hpack.Decoder(max_header_list_size=10).decode(block)
+    assert unnamed.value.path == b""

@@ -13,6 +13,7 @@ import pytest
 from kiln_runtime import errors
 from kiln_runtime.dataplane import DataPlane
 from kiln_runtime.metrics import RuntimeMetrics
+from kiln_runtime.protocol import rest
 from kiln_runtime.protocol.types import InferRequest, InferResponse, Tensor
 
 from .fakes import Adder, config
@@ -188,3 +189,31 @@ async def test_large_bodies_are_decoded_off_the_event_loop() -> None:
     assert threads and threads[0] != loop_thread
     assert ticks >= 3  # the loop kept running while the body was parsed
     await dp.stop()
+
+
+async def test_an_answer_json_cannot_carry_is_internal_not_the_clients_fault() -> None:
+    """The model produced NaN and the client asked for JSON: the answer is unchanged (the
+    REST adapter's error), but the request counts ``internal``, never ``invalid``."""
+    dp = DataPlane(config(), RuntimeMetrics("adder"), executor=None)
+    await dp.start(Adder)
+
+    def nan_input() -> InferRequest:
+        nan = request()
+        nan.inputs[0] = Tensor("A", "FP32", np.full((1, 4), np.nan, np.float32))
+        return nan
+
+    with pytest.raises(errors.InferError) as failure:
+        await dp.handle("http", nan_input, rest.encode_infer)
+    assert "NaN" in failure.value.message
+    assert codes(dp) == {"internal": (1, 1)}
+    await dp.stop()
+
+
+def test_requests_refused_before_the_data_plane_count_once_and_are_never_in_flight() -> None:
+    dp = DataPlane(config(), RuntimeMetrics("adder"), executor=None)
+    dp.refused("http", "invalid")
+    dp.refused("grpc", "overloaded", 0.002)
+    dp.refused("http", "deadline")
+    assert codes(dp) == {"invalid": (1, 1), "overloaded": (1, 1), "deadline": (1, 1)}
+    assert dp.metrics.request_duration[("grpc", "overloaded")].sum == 0.002
+    assert dp.inflight == 0
