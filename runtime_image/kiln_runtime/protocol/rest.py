@@ -3,20 +3,23 @@
 Routes a decoded HTTP request to the data plane and renders the answer; it knows nothing of
 sockets (``httpserver`` does). Tensors sent with the binary extension
 (``Inference-Header-Content-Length``) are viewed in place, never copied or parsed as JSON.
+JSON goes through orjson: it parses several times faster than the standard library and writes
+numpy arrays itself, so JSON outputs never become Python lists (docs/runtime.md has the
+numbers).
 """
 
 from __future__ import annotations
 
-import json
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from kiln_runtime import __version__, errors
 from kiln_runtime.dataplane import DataPlane
-from kiln_runtime.datatypes import from_json_values, to_json_values
+from kiln_runtime.datatypes import from_json_values, to_json_array
 from kiln_runtime.protocol.types import (
     InferRequest,
     InferResponse,
@@ -54,7 +57,7 @@ class HttpResponse:
 
 
 def json_response(status: int, document: Any) -> HttpResponse:
-    return HttpResponse(status, [json.dumps(document, separators=(",", ":")).encode()])
+    return HttpResponse(status, [orjson.dumps(document)])
 
 
 def error_response(error: errors.InferError) -> HttpResponse:
@@ -176,14 +179,9 @@ def decode_infer(
         view = memoryview(body)
         json_part, binary = view[:length], view[length:]
     try:
-        document = json.loads(
-            bytes(json_part) if isinstance(json_part, memoryview) else json_part,
-            parse_constant=_refuse_constant,
-        )
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise errors.invalid(f"request body is not valid JSON: {error}") from None
-    except RecursionError:
-        raise errors.invalid("request body is not valid JSON: nested too deeply") from None
+        document = orjson.loads(json_part)
+    except orjson.JSONDecodeError as error:
+        raise _invalid_json(error) from None
     if not isinstance(document, dict):
         raise errors.invalid("request body must be a JSON object")
     try:
@@ -248,15 +246,24 @@ def _request_from_document(
     )
 
 
-def _refuse_constant(name: str) -> Any:
-    """JSON (RFC 8259) has no NaN or Infinity: a request spelling them bare is refused.
+def _invalid_json(error: orjson.JSONDecodeError) -> errors.InferError:
+    """The 400 for a body orjson refused, worded for the client.
 
-    This is where Kiln differs from Triton, whose JSON layer (common ``triton_json.h``)
-    parses with rapidjson's ``kParseNanAndInfFlag`` (accepting ``NaN``, ``Inf``,
-    ``Infinity``) and writes with ``kWriteNanAndInfFlag``. Kiln keeps to strict JSON both
-    ways; such values travel as binary tensor data, bit for bit.
+    JSON (RFC 8259) has no NaN or Infinity and orjson refuses them with a bare "unexpected
+    character": the message names the constant instead. This is where Kiln differs from
+    Triton, whose JSON layer (common ``triton_json.h``) parses with rapidjson's
+    ``kParseNanAndInfFlag`` and writes with ``kWriteNanAndInfFlag``; Kiln keeps to strict JSON
+    both ways, and such values travel as binary tensor data, bit for bit. orjson also stops at 1024
+    levels of nesting, so a deeply nested body is refused before it costs anything.
     """
-    raise errors.invalid(f"request body is not valid JSON: {name} is not a JSON number")
+    if error.msg.startswith("depth limit"):
+        return errors.invalid("request body is not valid JSON: nested too deeply")
+    rest = error.doc[error.pos : error.pos + 8]
+    for constant in ("NaN", "Infinity"):
+        if rest.startswith(constant):
+            name = f"-{constant}" if error.doc[error.pos - 1 : error.pos] == "-" else constant
+            return errors.invalid(f"request body is not valid JSON: {name} is not a JSON number")
+    return errors.invalid(f"request body is not valid JSON: {error}")
 
 
 def _decompress(body: bytes, encoding: str, max_body: int) -> bytes:
@@ -287,7 +294,13 @@ def encode_infer(response: InferResponse) -> HttpResponse:
             entry["parameters"] = {"binary_data_size": raw.nbytes}
             buffers.append(raw)
         else:
-            entry["data"] = to_json_values(tensor.data, tensor.datatype)
+            try:
+                entry["data"] = to_json_array(tensor.data, tensor.datatype)
+            except ValueError:
+                raise errors.invalid(
+                    "an output holds NaN or Infinity, which JSON cannot carry; "
+                    "ask for it as binary data (binary_data_output)"
+                ) from None
         outputs.append(entry)
     document: dict[str, Any] = {
         "model_name": response.model_name,
@@ -296,13 +309,7 @@ def encode_infer(response: InferResponse) -> HttpResponse:
     }
     if response.id:
         document["id"] = response.id
-    try:
-        header = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
-    except ValueError:
-        raise errors.invalid(
-            "an output holds NaN or Infinity, which JSON cannot carry; "
-            "ask for it as binary data (binary_data_output)"
-        ) from None
+    header = orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
     if not buffers:
         return HttpResponse(200, [header])
     return HttpResponse(
