@@ -203,7 +203,8 @@ def _fetch_s3(
         [f"{item.key} {item.expected.size} {item.expected.etag}" for item in objects]
         + [f"sha256 {sha256}"],
     )
-    if cache is not None and cache.restore(cache_key, staging) is not None:
+    listing = {item.relative: item.expected.size or 0 for item in objects}
+    if cache is not None and cache.restore(cache_key, staging, listing) is not None:
         return 0
     total = 0
     for item in objects:
