@@ -26,7 +26,7 @@ from kiln_operator.handlers.inferenceservice import WARMUP_BUDGET_BYTES
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, KubeClient
 from kiln_operator.k8s.resources import INFERENCE_SERVICES, PODS
-from kiln_operator.status.download import model_download_failure
+from kiln_operator.status.download import model_download, model_download_failure
 from kiln_operator.warmup import plan as warmup
 from kiln_operator.warmup.budget import ByteBudget
 from kiln_operator.warmup.podstate import (
@@ -62,6 +62,18 @@ WARMUP_P99 = Histogram(
     ["namespace", "inferenceservice"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+DOWNLOAD_SECONDS = Histogram(
+    "kiln_operator_model_download_seconds",
+    "Time the fetch init container of a warmed-up Kiln pod took to fetch its model.",
+    ["namespace", "inferenceservice"],
+    buckets=(1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 1800),
+)
+DOWNLOAD_BYTES = Histogram(
+    "kiln_operator_model_download_bytes",
+    "Bytes the fetch init container of a warmed-up Kiln pod downloaded (0: copied from the cache).",
+    ["namespace", "inferenceservice"],
+    buckets=(0, 2**20, 2**24, 2**26, 2**28, 2**30, 2**32, 2**34, 2**36),
+)
 ATTEMPTS = Counter(
     "kiln_operator_warmup_attempts_total",
     "Warm-up attempts by outcome reason.",
@@ -78,6 +90,7 @@ async def warmup_gate_startup(memo: kopf.Memo, **_: Any) -> None:
     """Keep the per-pod tasks and the shared warm-up byte budget in the memo; serve the
     operator's metrics if a port is set."""
     memo.warmup_tasks = {}
+    memo.downloads_observed = set()
     memo.warmup_budget = ByteBudget(WARMUP_BUDGET_BYTES)
     if METRICS_PORT:
         start_http_server(METRICS_PORT)
@@ -106,6 +119,7 @@ async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> No
         if (task := tasks.pop(uid, None)) is not None:
             task.cancel()
         if type == "DELETED":
+            memo.downloads_observed.discard(uid)
             service = pod["metadata"].get("labels", {}).get(constants.LABEL_INFERENCESERVICE)
             if service:
                 await publish_summary(memo.kube, memo.cache, pod["metadata"]["namespace"], service)
@@ -122,7 +136,8 @@ async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> No
     if uid in tasks or not needs_warmup(pod):
         return
     task = asyncio.create_task(
-        _warm_up(memo.kube, memo.cache, memo.warmup_budget, pod), name=f"warm-up {uid}"
+        _warm_up(memo.kube, memo.cache, memo.warmup_budget, memo.downloads_observed, pod),
+        name=f"warm-up {uid}",
     )
     tasks[uid] = task
     task.add_done_callback(lambda _: tasks.pop(uid, None))
@@ -159,14 +174,44 @@ async def publish_summary(
         cache.store(INFERENCE_SERVICES.plural, written)
 
 
+def observe_warm_pod(pod: dict[str, Any], service: str, downloads_observed: set[str]) -> None:
+    """Observe a pod that just passed warm-up: its cold start, and its model fetch once.
+
+    A runtime container that restarts is warmed up again, but its pod's init container does
+    not fetch again: ``downloads_observed`` (pod UIDs, dropped when the pod is deleted) keeps the
+    download histograms at one observation per pod."""
+    namespace = pod["metadata"]["namespace"]
+    if (seconds := cold_start_seconds(pod)) is not None:
+        COLD_START.labels(namespace, service).observe(seconds)
+    uid = pod["metadata"]["uid"]
+    if uid in downloads_observed or (download := model_download(pod)) is None:
+        return
+    downloads_observed.add(uid)
+    DOWNLOAD_SECONDS.labels(namespace, service).observe(download.seconds)
+    DOWNLOAD_BYTES.labels(namespace, service).observe(download.bytes)
+
+
 async def _warm_up(
-    kube: KubeClient, cache: ObjectCache, budget: ByteBudget, pod: dict[str, Any]
+    kube: KubeClient,
+    cache: ObjectCache,
+    budget: ByteBudget,
+    downloads_observed: set[str],
+    pod: dict[str, Any],
 ) -> None:
     meta = pod["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     service = meta.get("labels", {}).get(constants.LABEL_INFERENCESERVICE, "")
     try:
-        await _gate(kube, cache, budget, pod, namespace=namespace, name=name, service=service)
+        await _gate(
+            kube,
+            cache,
+            budget,
+            downloads_observed,
+            pod,
+            namespace=namespace,
+            name=name,
+            service=service,
+        )
     except asyncio.CancelledError:
         raise
     except ApiError as error:
@@ -180,6 +225,7 @@ async def _gate(
     kube: KubeClient,
     cache: ObjectCache,
     budget: ByteBudget,
+    downloads_observed: set[str],
     pod: dict[str, Any],
     *,
     namespace: str,
@@ -227,8 +273,8 @@ async def _gate(
     await publish_summary(kube, cache, namespace, service)
     if verdict.passed:
         warmed = await kube.get(PODS, namespace, name)
-        if warmed is not None and (seconds := cold_start_seconds(warmed)) is not None:
-            COLD_START.labels(namespace, service).observe(seconds)
+        if warmed is not None:
+            observe_warm_pod(warmed, service, downloads_observed)
     else:
         kopf.warn(
             cast(kopf.Body, pod),

@@ -42,7 +42,9 @@ def model_download(pod: dict[str, Any]) -> Download | None:
 
 def model_download_failure(pods: list[dict[str, Any]]) -> str | None:
     """The fetch failure of the first pod (by name) whose fetch init container failed, else
-    None. A container that crash-loops reports its last failure while it waits to retry."""
+    None. A container that crash-loops reports its last failure through the whole cycle —
+    waiting in back-off and running its retry alike — so Ready keeps one reason and message
+    (and the event is posted once) until a retry succeeds or the pod goes away."""
     for pod in sorted(pods, key=lambda p: str(p.get("metadata", {}).get("name", ""))):
         if pod.get("metadata", {}).get("deletionTimestamp"):
             continue
@@ -56,9 +58,8 @@ def model_download_failure(pods: list[dict[str, Any]]) -> str | None:
 
 
 def _failure(status: dict[str, Any]) -> str | None:
+    """The container's current failure, else its last one (while it waits or retries)."""
     state = status.get("state") or {}
-    if "running" in state:
-        return None  # a retry is under way: the last failure may be past
     terminated = state.get("terminated") or (status.get("lastState") or {}).get("terminated")
     if not terminated or int(terminated.get("exitCode") or 0) == 0:
         return None

@@ -17,7 +17,8 @@ import os
 import shutil
 import tempfile
 import time
-from pathlib import Path
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
 
 log = logging.getLogger(__name__)
 MODEL_DIR = "model"
@@ -38,19 +39,30 @@ class ModelCache:
         text = "\n".join([uri, *sorted(versions)])
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def restore(self, key: str, staging: Path) -> int | None:
-        """Copy the entry into ``staging``: its size, or None when absent or unreadable."""
+    def restore(self, key: str, staging: Path, files: Mapping[PurePosixPath, int]) -> int | None:
+        """Copy the entry into ``staging``: its size, or None when absent or not whole.
+
+        ``files`` is the listing the entry is keyed by (each file's path in the model and its
+        size). The entry is marked used before the copy, so another pod's eviction (least
+        recently used first) passes it over; one that chose it already may still remove files
+        under the copy, so the copy is checked against ``files`` and a mismatch is a miss —
+        the model is downloaded, never published incomplete."""
         entry = self.root / key
         try:
-            size = int((entry / SIZE_FILE).read_text())
+            os.utime(entry / USED_FILE)  # not touch(): it would recreate a removed entry's file
             shutil.copytree(entry / MODEL_DIR, staging, dirs_exist_ok=True)
-            (entry / USED_FILE).touch()
-        except (OSError, ValueError) as error:
+            mismatch = _mismatch(staging, files)
+        except OSError as error:
+            mismatch = str(error)
+        if mismatch is not None:
             if entry.exists():
-                log.warning("cache entry %s unusable (%s): downloading", key[:12], error)
+                log.warning("cache entry %s unusable (%s): downloading", key[:12], mismatch)
+                # Evicted under us or damaged: gone, so this download can take its place.
+                shutil.rmtree(entry, ignore_errors=True)
             for path in staging.iterdir():
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
             return None
+        size = sum(files.values())
         log.info("restored %d bytes from the cache entry %s", size, key[:12])
         return size
 
@@ -98,3 +110,20 @@ class ModelCache:
             shutil.rmtree(path, ignore_errors=True)
             total -= size
             log.info("evicted cache entry %s (%d bytes)", path.name[:12], size)
+
+
+def _mismatch(copy: Path, files: Mapping[PurePosixPath, int]) -> str | None:
+    """How the copied tree differs from the listing (a file missing, extra or of another
+    size), else None."""
+    found = {
+        PurePosixPath(path.relative_to(copy).as_posix()): path.stat().st_size
+        for path in copy.rglob("*")
+        if path.is_file()
+    }
+    for relative, size in sorted(files.items()):
+        if relative not in found:
+            return f"{relative} is missing"
+        if found[relative] != size:
+            return f"{relative} has {found[relative]} bytes, not {size}"
+    extra = sorted(set(found) - set(files))
+    return f"{extra[0]} is not in the listing" if extra else None

@@ -188,8 +188,8 @@ def _fetch_s3(
 ) -> int:
     from kiln_runtime.fetch import s3
 
-    client = s3.make_client(settings, credentials, limits)
-    objects = s3.list_objects(client, source, limits)
+    clients = s3.make_clients(settings, credentials, limits)
+    objects = s3.list_objects(clients.metadata, source, limits)
     announced = sum(item.expected.size or 0 for item in objects)
     if announced > limits.max_bytes:
         raise FetchFailure(
@@ -203,7 +203,8 @@ def _fetch_s3(
         [f"{item.key} {item.expected.size} {item.expected.etag}" for item in objects]
         + [f"sha256 {sha256}"],
     )
-    if cache is not None and cache.restore(cache_key, staging) is not None:
+    listing = {item.relative: item.expected.size or 0 for item in objects}
+    if cache is not None and cache.restore(cache_key, staging, listing) is not None:
         return 0
     total = 0
     for item in objects:
@@ -214,7 +215,7 @@ def _fetch_s3(
         target.parent.mkdir(parents=True, exist_ok=True)
 
         def open_range(offset: int, item: s3.ObjectInfo = item) -> s3.S3RangeStream:
-            return s3.S3RangeStream(client, source, item, offset)
+            return s3.S3RangeStream(clients.transfer, source, item, offset)
 
         total += download(
             open_range, target, expected=expected, limits=limits, budget=budget, label=item.key

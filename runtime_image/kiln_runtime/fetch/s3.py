@@ -62,23 +62,45 @@ class ObjectInfo:
     expected: Expected
 
 
-def make_client(settings: StoreSettings, credentials: Credentials | None, limits: Limits) -> Any:
-    """A boto3 S3 client for these settings (credentials None: boto3's default chain)."""
+@dataclass(frozen=True)
+class Clients:
+    """Two boto3 S3 clients of one session (credentials are looked up once)."""
+
+    metadata: Any
+    """For HEAD and list: ``limits.metadata_attempts`` short tries, so an unreachable store
+    fails in seconds instead of after every patient retry of a transfer."""
+    transfer: Any
+    """For the GETs of the bodies: ``limits.attempts`` tries of each request, and ``transfer``
+    resumes a dropped body on top of them."""
+
+
+def make_clients(
+    settings: StoreSettings, credentials: Credentials | None, limits: Limits
+) -> Clients:
+    """The S3 clients for these settings (credentials None: boto3's default chain)."""
     session = boto3.session.Session(
         aws_access_key_id=credentials.access_key_id if credentials else None,
         aws_secret_access_key=credentials.secret_access_key if credentials else None,
         aws_session_token=credentials.session_token if credentials else None,
         region_name=settings.region or "us-east-1",
     )
-    config = botocore.config.Config(
-        connect_timeout=limits.connect_timeout_seconds,
-        read_timeout=limits.read_timeout_seconds,
-        retries={"max_attempts": limits.attempts, "mode": "standard"},
-        s3={"addressing_style": "path" if settings.path_style else "auto"},
-        user_agent_extra="kiln-runtime-fetch",
-    )
     verify: bool | str = settings.ca_bundle or settings.verify_tls
-    return session.client("s3", endpoint_url=settings.endpoint, verify=verify, config=config)
+
+    def client(connect_timeout: float, attempts: int) -> Any:
+        config = botocore.config.Config(
+            connect_timeout=connect_timeout,
+            read_timeout=limits.read_timeout_seconds,
+            # total_max_attempts counts the first try; botocore's max_attempts counts retries.
+            retries={"total_max_attempts": attempts, "mode": "standard"},
+            s3={"addressing_style": "path" if settings.path_style else "auto"},
+            user_agent_extra="kiln-runtime-fetch",
+        )
+        return session.client("s3", endpoint_url=settings.endpoint, verify=verify, config=config)
+
+    return Clients(
+        metadata=client(limits.metadata_connect_timeout_seconds, limits.metadata_attempts),
+        transfer=client(limits.connect_timeout_seconds, limits.attempts),
+    )
 
 
 def classify(error: Exception, uri: str, what: str) -> Exception:
@@ -108,7 +130,9 @@ def classify(error: Exception, uri: str, what: str) -> Exception:
         )
     if isinstance(error, botocore.exceptions.SSLError):
         return FetchFailure(FailureKind.UNREACHABLE, uri, f"{what}: TLS: {error}")
-    if isinstance(error, botocore.exceptions.EndpointConnectionError | _STREAM_ERRORS):
+    # botocore's ConnectionError: refused, timed out connecting, closed; not a `|` with the
+    # tuple, which isinstance cannot take (a TypeError instead of the user's reason).
+    if isinstance(error, (botocore.exceptions.ConnectionError, *_STREAM_ERRORS)):
         return TransientError(f"{what}: {error}")
     if isinstance(error, botocore.exceptions.BotoCoreError):
         return FetchFailure(FailureKind.UNREACHABLE, uri, f"{what}: {error}")

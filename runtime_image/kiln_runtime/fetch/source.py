@@ -86,6 +86,13 @@ class Limits:
     connect_timeout_seconds: float = 10.0
     read_timeout_seconds: float = 60.0
     """The longest wait for the next bytes of a response, not for the whole download."""
+    metadata_attempts: int = 3
+    """Tries of each HEAD or list request, the first calls to the store. Few and short, so
+    that an unreachable store (an endpoint that drops packets) is reported within about
+    ``metadata_attempts * metadata_connect_timeout_seconds`` — the issue asks a failure to
+    reach the InferenceService within 30 s — while the transfer keeps the patient settings."""
+    metadata_connect_timeout_seconds: float = 3.0
+    """Long enough for one lost SYN (retransmitted after 1 s) and a TLS handshake."""
 
 
 def parse_source(uri: str) -> Source:

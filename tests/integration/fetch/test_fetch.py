@@ -395,3 +395,25 @@ def test_a_changed_object_is_a_new_cache_entry(store: SeaweedS3, tmp_path: Path)
 
     assert outcome.message.startswith("model fetched: 9 bytes")
     assert (outcome.model / "model.pt").read_bytes() == b"version 2"
+
+
+def test_a_cache_entry_missing_a_file_is_downloaded_again_never_published_partial(
+    store: SeaweedS3, tmp_path: Path
+) -> None:
+    client = store.client()
+    bodies = {"config.json": b"{}", "weights/part-1.bin": os.urandom(300_000)}
+    for name, body in bodies.items():
+        client.put_object(Bucket=BUCKET, Key=f"evicted/{name}", Body=body)
+    uri = f"s3://{BUCKET}/evicted/"
+    cache = tmp_path / "cache"
+    fetch(tmp_path / "pod-1", uri, "--cache-dir", str(cache), endpoint=store.endpoint)
+    (entry,) = [path for path in cache.iterdir() if not path.name.startswith(".")]
+    (entry / "model" / "weights" / "part-1.bin").unlink()  # another pod's eviction, half done
+
+    second = fetch(tmp_path / "pod-2", uri, "--cache-dir", str(cache), endpoint=store.endpoint)
+    assert second.message.startswith("model fetched: 300002 bytes")  # downloaded, not restored
+    assert "weights/part-1.bin is missing" in second.log
+    for name, body in bodies.items():
+        assert (second.model / name).read_bytes() == body
+    third = fetch(tmp_path / "pod-3", uri, "--cache-dir", str(cache), endpoint=store.endpoint)
+    assert third.message.startswith("model fetched: 0 bytes")  # the entry was stored anew

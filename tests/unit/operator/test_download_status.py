@@ -30,11 +30,66 @@ def test_a_failed_or_crash_looping_fetch_is_reported_with_its_own_message() -> N
     assert model_download_failure([looping]) == DENIED
 
 
-def test_no_failure_while_fetching_after_success_or_without_a_fetch() -> None:
-    retrying = pod("a", {"state": {"running": {}}, "lastState": terminated(4, DENIED)})
-    done = pod("b", {"state": terminated(0, "model fetched: 10 bytes in 0.1 s from s3://m/x")})
+def test_no_failure_while_fetching_first_after_success_or_without_a_fetch() -> None:
+    fetching = pod("a", {"state": {"running": {}}})
+    done = pod(
+        "b",
+        {
+            "state": terminated(0, "model fetched: 10 bytes in 0.1 s from s3://m/x"),
+            "lastState": terminated(4, DENIED),  # a retry that succeeded clears the failure
+        },
+    )
     leaving = pod("c", {"state": terminated(4, DENIED)}, deletionTimestamp="2026-03-01T12:00:00Z")
-    assert model_download_failure([retrying, done, leaving, pod("d", None)]) is None
+    assert model_download_failure([fetching, done, leaving, pod("d", None)]) is None
+
+
+CRASH_LOOP = [
+    {"state": terminated(4, DENIED)},
+    {"state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": terminated(4, DENIED)},
+    {
+        "state": {"running": {"startedAt": "2026-03-01T12:00:10Z"}},
+        "lastState": terminated(4, DENIED),
+    },
+    {"state": terminated(4, DENIED)},
+    {"state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": terminated(4, DENIED)},
+    {
+        "state": {"running": {"startedAt": "2026-03-01T12:00:40Z"}},
+        "lastState": terminated(4, DENIED),
+    },
+]
+"""The fetch init container's states through two crash-loop cycles, as the kubelet reports them."""
+
+
+def test_the_failure_stays_through_the_crash_loop_and_warns_once() -> None:
+    status: dict[str, Any] = {}
+    events = []
+    for fetch_status in CRASH_LOOP:
+        pods = (pod("a", fetch_status),)
+        assert model_download_failure(list(pods)) == DENIED  # the retry under way, too
+        stuck = replace(
+            observe(deployment(available=0, ready=0)),
+            pods=pods,
+            download_failure=model_download_failure(list(pods)),
+        )
+        update = compute_status(status, stuck, T0)
+        status = {**status, **update.applied}
+        ready = condition(status, constants.CONDITION_READY)
+        assert (ready["reason"], ready["message"]) == (
+            constants.REASON_MODEL_DOWNLOAD_FAILED,
+            DENIED,
+        )
+        events += [(e.type, e.reason) for e in update.events]
+    assert events == [("Warning", constants.REASON_MODEL_DOWNLOAD_FAILED)]
+
+
+def test_a_retry_that_succeeds_ends_the_failure() -> None:
+    fetched = terminated(0, "model fetched: 10 bytes in 0.1 s from s3://m/x", reason="Completed")
+    succeeded = pod("a", {"state": fetched, "lastState": terminated(4, DENIED)})
+    stuck = replace(observe(deployment(available=0, ready=0)), download_failure=DENIED)
+    first = compute_status({}, stuck, T0)
+    after = replace(stuck, download_failure=model_download_failure([succeeded]))
+    ready = condition(compute_status(first.applied, after, T0).applied, constants.CONDITION_READY)
+    assert ready["reason"] != constants.REASON_MODEL_DOWNLOAD_FAILED
 
 
 def test_a_fetcher_killed_without_its_message_still_says_why() -> None:
