@@ -238,7 +238,7 @@ def _fetch_https(
 
     pool = https.make_pool(settings, limits)
     try:
-        first = https.HttpsRangeStream(pool, source, 0)
+        first = https.HttpsRangeStream(pool, source, 0, first=https.first_request_settings(limits))
     except TransientError as error:  # urllib3 has already retried it
         raise FetchFailure(FailureKind.UNREACHABLE, source.uri, str(error)) from error
     if first.length is not None and first.length > limits.max_bytes:

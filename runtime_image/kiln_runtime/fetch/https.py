@@ -1,8 +1,10 @@
 """One file over HTTPS, through urllib3 (the HTTP client botocore itself is built on).
 
 urllib3 retries failed connections and 429/5xx answers with backoff before any body arrives;
-a body cut short is resumed by ``transfer`` with a Range request (a server that ignores the
-range sends the whole file again, and the download starts over).
+the first request of a fetch takes the short metadata settings (few tries, a short connect
+timeout) so an unreachable host is reported within seconds, as S3's HEAD is; a body cut short
+is resumed by ``transfer`` with a Range request (a server that ignores the range sends the
+whole file again, and the download starts over).
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ log = logging.getLogger(__name__)
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
-def make_pool(settings: StoreSettings, limits: Limits) -> urllib3.PoolManager:
-    retries = urllib3.Retry(
-        total=limits.attempts - 1,
+def _retries(limits: Limits, attempts: int) -> urllib3.Retry:
+    return urllib3.Retry(
+        total=attempts - 1,
         redirect=5,
         backoff_factor=limits.backoff_seconds,
         backoff_max=limits.backoff_max_seconds,
@@ -31,6 +33,10 @@ def make_pool(settings: StoreSettings, limits: Limits) -> urllib3.PoolManager:
         allowed_methods=frozenset({"GET"}),
         raise_on_status=False,
     )
+
+
+def make_pool(settings: StoreSettings, limits: Limits) -> urllib3.PoolManager:
+    retries = _retries(limits, limits.attempts)
     timeout = urllib3.Timeout(
         connect=limits.connect_timeout_seconds, read=limits.read_timeout_seconds
     )
@@ -44,13 +50,36 @@ def make_pool(settings: StoreSettings, limits: Limits) -> urllib3.PoolManager:
     )
 
 
-class HttpsRangeStream:
-    """A GET from ``offset`` on."""
+def first_request_settings(limits: Limits) -> tuple[urllib3.Retry, urllib3.Timeout]:
+    """Retries and timeout of a fetch's first GET: it plays the part of S3's HEAD (does the
+    host answer at all?), so it is bounded as that is, by the metadata settings."""
+    timeout = urllib3.Timeout(
+        connect=limits.metadata_connect_timeout_seconds, read=limits.read_timeout_seconds
+    )
+    return _retries(limits, limits.metadata_attempts), timeout
 
-    def __init__(self, pool: urllib3.PoolManager, source: HttpsSource, offset: int) -> None:
+
+class HttpsRangeStream:
+    """A GET from ``offset`` on; ``first`` (the fetch's first request) is bounded by
+    ``first_request_settings`` instead of the pool's patient ones."""
+
+    def __init__(
+        self,
+        pool: urllib3.PoolManager,
+        source: HttpsSource,
+        offset: int,
+        first: tuple[urllib3.Retry, urllib3.Timeout] | None = None,
+    ) -> None:
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         try:
-            response = pool.request("GET", source.uri, headers=headers, preload_content=False)
+            if first is None:
+                response = pool.request("GET", source.uri, headers=headers, preload_content=False)
+            else:
+                retries, timeout = first
+                response = pool.request(
+                    "GET", source.uri, headers=headers, preload_content=False,
+                    retries=retries, timeout=timeout,
+                )  # fmt: skip
         except urllib3.exceptions.SSLError as error:
             raise FetchFailure(FailureKind.UNREACHABLE, source.uri, f"TLS: {error}") from error
         except urllib3.exceptions.MaxRetryError as error:

@@ -1,4 +1,4 @@
-"""An S3 endpoint that drops connection attempts fails the fetch in seconds, not a minute.
+"""An S3 or HTTPS endpoint that drops connection attempts fails the fetch in seconds.
 
 The issue asks each failure to reach the InferenceService within 30 s; the fetcher's first
 call (HEAD or list) must therefore give up well within that. The endpoint here is a loopback
@@ -17,7 +17,7 @@ from pathlib import Path
 import botocore.exceptions
 import pytest
 
-from kiln_runtime.fetch import command, s3
+from kiln_runtime.fetch import command, https, s3
 from kiln_runtime.fetch.failures import FailureKind, FetchFailure, TransientError
 from kiln_runtime.fetch.source import Credentials, Limits, S3Source, StoreSettings
 
@@ -71,6 +71,34 @@ def test_an_unreachable_store_fails_the_fetch_within_the_bound(
     assert failure.value.detail.startswith("head: ")
     assert elapsed < BOUND_SECONDS
     assert not (tmp_path / "volume" / "model").exists()
+
+
+def test_an_unreachable_https_host_fails_the_fetch_within_the_bound(
+    tmp_path: Path, blackholed_endpoint: str
+) -> None:
+    host = blackholed_endpoint.removeprefix("http://")
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    args = parser.parse_args(
+        ["--uri", f"https://{host}/mlp/model.pt", "--dest", str(tmp_path / "volume")]
+    )
+    started = time.monotonic()
+    with pytest.raises(FetchFailure) as failure:
+        command.fetch(args)
+    elapsed = time.monotonic() - started
+    assert failure.value.kind is FailureKind.UNREACHABLE
+    assert elapsed < BOUND_SECONDS
+    assert not (tmp_path / "volume" / "model").exists()
+
+
+def test_only_the_first_https_request_takes_the_short_settings() -> None:
+    limits = Limits()
+    retries, timeout = https.first_request_settings(limits)
+    assert retries.total == limits.metadata_attempts - 1
+    assert timeout.connect_timeout == limits.metadata_connect_timeout_seconds
+    pool = https.make_pool(StoreSettings(), limits)
+    assert pool.connection_pool_kw["retries"].total == limits.attempts - 1
+    assert pool.connection_pool_kw["timeout"].connect_timeout == limits.connect_timeout_seconds
 
 
 def test_listing_is_bounded_the_same_way_and_only_transfers_stay_patient() -> None:
