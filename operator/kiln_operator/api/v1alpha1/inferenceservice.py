@@ -136,7 +136,9 @@ class InferenceServiceStatus(ApiModel):
     observed_generation: Annotated[int | None, Field(ge=0)] = None
     """metadata.generation of the spec this status describes."""
     conditions: Annotated[list[Condition], Field(max_length=32, default_factory=list)]
-    """Ready (aggregate), SpecValid, DeploymentAvailable and Progressing."""
+    """Ready (aggregate), SpecValid, DeploymentAvailable, Progressing, ReplicaFloorMet, Stalled
+    and Reconciling (kstatus's: Flux and `kubectl wait` read them), MetricsAvailable (the
+    autoscaler's)."""
     replicas: Annotated[int | None, Field(ge=0)] = None
     """Runtime pods that exist (the Deployment's status.replicas)."""
     ready_replicas: Annotated[int | None, Field(ge=0)] = None
