@@ -83,6 +83,14 @@ CONDITION_PROGRESSING: Final = "Progressing"
 CONDITION_REPLICA_FLOOR_MET: Final = "ReplicaFloorMet"
 """False while fewer pods are available than spec.autoscaling.minReplicas, with the first cause;
 Ready stays True meanwhile as long as pods of the current spec serve."""
+CONDITION_STALLED: Final = "Stalled"
+"""kstatus's abnormal-true condition: True when the service cannot reach its spec without a
+person acting (an invalid spec, a refused child, a stalled rollout, a failed warm-up), with
+Ready's reason and message; Flux and `kubectl wait` then report Failed instead of waiting."""
+CONDITION_RECONCILING: Final = "Reconciling"
+"""kstatus's abnormal-true condition: True while the operator is still bringing the service to
+its spec (a rollout, pods warming up, fewer pods than the floor), with Ready's reason and
+message (ReplicaFloorMet's below the floor); False once converged or stalled."""
 CONDITION_METRICS_AVAILABLE: Final = "MetricsAvailable"
 """Written by the autoscaler: False while Prometheus is down, stale or has no series for the
 service (replicas then never go down; spec.autoscaling.whenMetricsMissing applies)."""
@@ -147,6 +155,13 @@ answer; the reconcile retries with backoff."""
 REASON_MODEL_DOWNLOAD_FAILED: Final = "ModelDownloadFailed"
 """A pod's fetch init container failed; the message is its own ("model download failed:
 AccessDenied for s3://…")."""
+
+REASON_NOT_STALLED: Final = "NotStalled"
+"""Stalled is False: nothing needs a person; Reconciling says whether work is under way."""
+REASON_CONVERGED: Final = "Converged"
+"""Reconciling is False: Ready for the current generation and the replica floor met."""
+REASON_STALLED: Final = "Stalled"
+"""Reconciling is False because the operator cannot progress: the Stalled condition says why."""
 
 # --- event reasons ------------------------------------------------------------------------------
 EVENT_READY: Final = "Ready"

@@ -74,6 +74,14 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
+UNOBSERVED_STATUS: dict[str, Any] = {"observedGeneration": 0}
+"""The status of an InferenceService the operator has not yet written one for. The API server
+drops status on create, yet applies schema defaults to every object it reads from storage
+(kubernetes/kubernetes#129451), so this appears on a new object at once. observedGeneration 0 is
+behind metadata.generation (1 and up): kstatus (Flux, `kubectl wait`) and Argo CD's check read
+the object as in progress until the operator has judged it, even while no operator runs; an
+object without status would read as Current."""
+
 
 def _resolve(node: Any, definitions: dict[str, JsonSchema]) -> Any:
     """Inline every $ref; a field's own description wins over its class docstring."""
@@ -190,7 +198,7 @@ def build_crd() -> dict[str, Any]:
                                 },
                                 "metadata": {"type": "object"},
                                 "spec": spec_schema,
-                                "status": status_schema,
+                                "status": {**status_schema, "default": UNOBSERVED_STATUS},
                             },
                         }
                     },

@@ -33,8 +33,26 @@ OWNED_CONDITION_TYPES = (
     constants.CONDITION_PROGRESSING,
     constants.CONDITION_REPLICA_FLOOR_MET,
     constants.CONDITION_READY,
+    constants.CONDITION_STALLED,
+    constants.CONDITION_RECONCILING,
 )
 """Condition types the reconcile loop writes; others in the list belong to other writers."""
+
+STALLED_REASONS = frozenset(
+    {
+        constants.REASON_INVALID_SPEC,
+        constants.REASON_CHILD_REJECTED,
+        constants.REASON_ROLLOUT_STALLED,
+        constants.REASON_PROGRESS_DEADLINE_EXCEEDED,
+        constants.REASON_WARMUP_FAILED,
+    }
+)
+"""Ready reasons that waiting does not resolve, so Stalled is True: the spec must change, the API
+server refused a child (a policy, a quota: the same request gets the same answer), new pods
+cannot serve while older ones do, the Deployment's progress deadline passed, or a pod of the
+current spec failed its warm-up (the gate leaves it unready until it is replaced). Not
+ChildConflict (a re-created service waits for the garbage collector to remove the old children)
+nor ChildApplyFailed (a server error that may pass)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +134,8 @@ def _conditions(
         )
 
     conditions = list(previous)
+    deadline_exceeded = False
+    floor: tuple[bool, str, str] | None = None
     if observation.spec_error is None:
         conditions = put(
             conditions, constants.CONDITION_SPEC_VALID, True, constants.REASON_VALID, ""
@@ -164,6 +184,7 @@ def _conditions(
                 constants.REASON_MINIMUM_REPLICAS_UNAVAILABLE,
                 f"{state.available} of {state.desired} pods available",
             )
+        deadline_exceeded = state.deadline_exceeded
         if state.deadline_exceeded:
             conditions = put(
                 conditions,
@@ -191,8 +212,8 @@ def _conditions(
 
         cause = first_cause(observation.deployment, list(observation.pods))
         if observation.min_replicas is not None:
-            conditions = put(conditions, constants.CONDITION_REPLICA_FLOOR_MET,
-                             *_floor(state.available, observation.min_replicas, cause))  # fmt: skip
+            floor = _floor(state.available, observation.min_replicas, cause)
+            conditions = put(conditions, constants.CONDITION_REPLICA_FLOOR_MET, *floor)
         judged = find_condition(previous, constants.CONDITION_READY)
         if state.desired == 0:
             ready = (False, constants.REASON_SCALED_TO_ZERO, "the Deployment has 0 replicas")
@@ -249,7 +270,31 @@ def _conditions(
         ready = (False, first.reason, message)
     if observation.spec_error is not None:
         ready = (False, constants.REASON_INVALID_SPEC, observation.spec_error)
-    return put(conditions, constants.CONDITION_READY, *ready)
+    conditions = put(conditions, constants.CONDITION_READY, *ready)
+    stalled, reconciling = _kstatus(ready, floor, deadline_exceeded)
+    conditions = put(conditions, constants.CONDITION_STALLED, *stalled)
+    return put(conditions, constants.CONDITION_RECONCILING, *reconciling)
+
+
+def _kstatus(
+    ready: tuple[bool, str, str], floor: tuple[bool, str, str] | None, deadline_exceeded: bool
+) -> tuple[tuple[bool, str, str], tuple[bool, str, str]]:
+    """Stalled and Reconciling, the conditions kstatus (Flux, `kubectl wait`) reads before Ready.
+
+    Both follow from Ready (and ReplicaFloorMet), so they change only when those do: they add
+    no status write of their own. They are never both True, as kstatus takes whichever comes
+    first. A passed progress deadline is Stalled whatever Ready's reason: a model download
+    failure or a child's server error can hide it in Ready, not make it pass.
+    """
+    ready_status, reason, message = ready
+    if not ready_status and (reason in STALLED_REASONS or deadline_exceeded):
+        return (True, reason, message), (False, constants.REASON_STALLED, "")
+    not_stalled = (False, constants.REASON_NOT_STALLED, "")
+    if not ready_status:
+        return not_stalled, (True, reason, message)
+    if ready_status and floor is not None and not floor[0]:
+        return not_stalled, (True, floor[1], floor[2])
+    return not_stalled, (False, constants.REASON_CONVERGED, "")
 
 
 def _with_cause(detail: str, cause: Cause | None) -> str:

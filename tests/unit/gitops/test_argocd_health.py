@@ -55,13 +55,19 @@ def test_the_cases_cover_each_health_and_every_testdata_file() -> None:
     assert by_status == {
         "Progressing": {
             "new",
+            "new-status-defaulted",
             "generation-not-observed",
             "ready-judged-for-old-generation",
             "rollout-in-progress",
             "first-pod-warming",
             "prewarm-floor-warming",
         },
-        "Degraded": {"invalid-spec", "warmup-failed", "rollout-stalled"},
+        "Degraded": {
+            "invalid-spec",
+            "warmup-failed",
+            "rollout-stalled",
+            "rollout-stalled-new-pods",
+        },
         "Healthy": {"healthy", "healthy-while-scaling-up"},
     }
     referenced = {case["inputPath"] for case in cases()}

@@ -7,6 +7,7 @@ from typing import Any
 import yaml
 
 from kiln_operator.api import crdgen
+from kiln_operator.api.v1alpha1 import InferenceServiceStatus
 from tests.unit.operator.conftest import REPO
 
 CRDS = REPO / "crds"
@@ -97,6 +98,16 @@ def test_scalar_defaults_are_published_and_object_defaults_are_not() -> None:
     assert batching["properties"]["maxBatchSize"]["default"] == 32
     assert "default" not in batching
     assert "default" not in spec["resources"]
+
+
+def test_an_unwritten_status_defaults_to_an_unobserved_generation() -> None:
+    """The API server drops status on create but defaults what it reads from storage: a new
+    object shows observedGeneration 0, behind its generation, so kstatus reads InProgress."""
+    status = version()["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert status["default"] == {"observedGeneration": 0}
+    assert set(status["default"]) <= set(status["properties"])  # kept by pruning
+    parsed = InferenceServiceStatus.model_validate(status["default"])
+    assert parsed.observed_generation == 0 and parsed.conditions == []
 
 
 def test_tensor_lists_and_conditions_are_keyed_by_name_and_type() -> None:

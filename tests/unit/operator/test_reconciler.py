@@ -317,6 +317,8 @@ async def test_status_is_applied_without_touching_other_writers_conditions() -> 
         "Progressing",
         "ReplicaFloorMet",
         "Ready",
+        "Stalled",
+        "Reconciling",
         "MetricsAvailable",
     }
 

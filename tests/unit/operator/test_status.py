@@ -261,6 +261,8 @@ def test_the_applied_status_holds_only_the_reconcile_loops_own_conditions() -> N
         "DeploymentAvailable",
         "Progressing",
         "Ready",
+        "Stalled",
+        "Reconciling",
     ]
     assert update.applied["url"] == "http://x.ns.svc:8000"
 

@@ -13,6 +13,8 @@ HEALTHY = {
     constants.REASON_ROLLOUT_COMPLETE,
     constants.REASON_METRICS_READ,
     constants.REASON_FLOOR_MET,
+    constants.REASON_NOT_STALLED,
+    constants.REASON_CONVERGED,
 }
 """Reasons of conditions that hold: nothing to troubleshoot."""
 ROW = re.compile(r"^\| `([A-Za-z]+)` \|(.+)\|(.+)\|$", re.M)

@@ -134,9 +134,13 @@ class InferenceServiceStatus(ApiModel):
     """What the operator observed; written only by the operator."""
 
     observed_generation: Annotated[int | None, Field(ge=0)] = None
-    """metadata.generation of the spec this status describes."""
+    """metadata.generation of the spec this status describes; 0 until the operator first
+    writes status (the CRD's default, so kstatus and Argo CD read a new object as in
+    progress)."""
     conditions: Annotated[list[Condition], Field(max_length=32, default_factory=list)]
-    """Ready (aggregate), SpecValid, DeploymentAvailable and Progressing."""
+    """Ready (aggregate), SpecValid, DeploymentAvailable, Progressing, ReplicaFloorMet, Stalled
+    and Reconciling (kstatus's: Flux and `kubectl wait` read them), MetricsAvailable (the
+    autoscaler's)."""
     replicas: Annotated[int | None, Field(ge=0)] = None
     """Runtime pods that exist (the Deployment's status.replicas)."""
     ready_replicas: Annotated[int | None, Field(ge=0)] = None

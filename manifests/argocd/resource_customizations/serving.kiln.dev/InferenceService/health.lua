@@ -1,9 +1,12 @@
 -- Argo CD health of a Kiln InferenceService (serving.kiln.dev/v1alpha1), from the status the
--- operator writes: conditions Ready, SpecValid, Progressing (each with observedGeneration),
--- status.observedGeneration, readyReplicas, status.warmup (the warm-up gate) and
--- status.autoscaling.activeWindow (a pre-warm window's replica floor).
---   Degraded    the spec is invalid (InvalidSpec), a pod failed its warm-up, or the rollout
---               stalled (ProgressDeadlineExceeded): none of these resolves by waiting.
+-- operator writes: conditions Stalled, Ready, SpecValid, Progressing (each with
+-- observedGeneration), status.observedGeneration (0, the CRD's default, until the operator's first
+-- write), readyReplicas, status.warmup (the warm-up gate) and status.autoscaling.activeWindow (a
+-- pre-warm window's replica floor).
+--   Degraded    Stalled is True for the current generation (an invalid spec, a refused child, a
+--               stalled rollout, a failed warm-up, a passed progress deadline), or, from an
+--               operator that wrote no Stalled, the spec is invalid (InvalidSpec), a pod failed
+--               its warm-up, or ProgressDeadlineExceeded: none of these resolves by waiting.
 --   Progressing the operator has not yet judged the current generation, a rollout is under way,
 --               or fewer pods are warm and ready than the floor (minReplicas, or an open
 --               pre-warm window's floor).
@@ -30,7 +33,7 @@ end
 
 local generation = obj.metadata.generation or 0
 local status = obj.status
-if status == nil or status.observedGeneration == nil then
+if status == nil or status.observedGeneration == nil or status.observedGeneration == 0 then
   hs.status = "Progressing"
   hs.message = "Waiting for the Kiln operator to observe the InferenceService"
   return hs
@@ -42,6 +45,12 @@ if status.observedGeneration < generation then
 end
 
 local conditions = status.conditions or {}
+local stalled = condition(conditions, "Stalled")
+if stalled ~= nil and stalled.status == "True" and stalled.observedGeneration == generation then
+  hs.status = "Degraded"
+  hs.message = explain(stalled)
+  return hs
+end
 local specValid = condition(conditions, "SpecValid")
 if specValid ~= nil and specValid.status == "False" then
   hs.status = "Degraded"
