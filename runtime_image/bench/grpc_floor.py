@@ -163,11 +163,15 @@ def measure(variant: str, seconds: float, clients: int) -> dict[str, float]:
         frame = loadgen.grpc_frame("mlp", "INPUT__0", "FP32", np.zeros((1, 512), np.float32))
         url = f"http://{servers.HOST}:{port}/{SERVICE}/ModelInfer"
         # warm the server (connections, code paths) before the counted run
-        loadgen.run_h2load(url, frame, concurrency=clients, seconds=1, core=CLIENT_CORE)
+        server_cpu = lambda: cpu_seconds(process.pid)  # noqa: E731
+        loadgen.run_h2load(
+            url, frame, concurrency=clients, seconds=1, core=CLIENT_CORE, server_cpu=server_cpu
+        )
         cpu_before, wall_before = cpu_seconds(process.pid), time.monotonic()
         result = loadgen.run_h2load(
-            url, frame, concurrency=clients, seconds=seconds, core=CLIENT_CORE
-        )
+            url, frame, concurrency=clients, seconds=seconds, core=CLIENT_CORE,
+            server_cpu=server_cpu,
+        )  # fmt: skip
         cpu = cpu_seconds(process.pid) - cpu_before
         wall = time.monotonic() - wall_before
     finally:

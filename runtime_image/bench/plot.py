@@ -1,5 +1,8 @@
 """Plot throughput and latency from runtime.json (run with the benchmark venv: matplotlib).
 
+Only the ceilings (wrk, h2load): with every path the plot would be unreadable; the report's
+tables carry the paths users take.
+
 python -m bench.plot docs/benchmarks/runtime.json docs/benchmarks/runtime.png
 """
 
@@ -22,8 +25,11 @@ def main(source: Path, target: Path) -> None:
     for column, model in enumerate(models):
         servers = results["models"][model]["servers"]
         for label, rows in servers.items():
-            for protocol, style in (("http", "-o"), ("grpc", "--s")):
-                points = [r for r in rows if r.get("protocol") == protocol]
+            for protocol, path, style in (("http", "wrk", "-o"), ("grpc", "h2load", "--s")):
+                points = [
+                    r for r in rows
+                    if r.get("protocol") == protocol and r.get("path", path) == path
+                ]  # fmt: skip
                 clients = [r["concurrency"] for r in points]
                 axes[0][column].plot(
                     clients, [r["throughput"] for r in points], style, label=f"{label} {protocol}"

@@ -1,11 +1,16 @@
 """Run the runtime benchmark side by side and write the report.
 
 kiln_runtime and Triton (nvidia-pytriton) serve the same TorchScript programs on loopback, the
-server pinned to one core and every client to the other; wrk (HTTP) and h2load (gRPC) drive
-closed loops at each concurrency; the raw forward pass is the limit; an open-loop run at 5x
-capacity checks overload behaviour. Writes ``runtime.md``, ``runtime.json`` and ``runtime.png``.
+server pinned to one core and every client to the other. Closed loops at each concurrency on
+each path (``PATHS``): the ceilings, wrk (binary-tensor HTTP) and h2load (raw gRPC frames), and
+the paths users take, a plain JSON poster (wrk with a KServe v2 JSON body) and the official
+clients (``bench.clients``: tritonclient HTTP with JSON tensors, gRPC sync and aio). Each run
+reports the client's CPU and the server's CPU per request. The raw forward pass is the limit;
+an open-loop run at 5x capacity checks overload behaviour. Writes ``runtime.md``,
+``runtime.json`` and ``runtime.png``.
 
     cd runtime_image && python -m bench.run --out ../docs/benchmarks --triton-python PY
+    cd runtime_image && python -m bench.run --out /tmp/smoke --triton-python PY --quick
 """
 
 from __future__ import annotations
@@ -66,38 +71,67 @@ def check_answers(server: servers.Server, model: str, x: np.ndarray) -> None:
             raise RuntimeError(f"{server.label} answered shape {output.shape}")
 
 
+# Each load path: its name in runtime.json and the report, and the protocol it speaks. The
+# first two are the ceilings (compiled generators, binary tensors); the rest are what users send.
+PATHS: dict[str, str] = {
+    "wrk": "http",  # binary-tensor bodies
+    "wrk-json": "http",  # the plain JSON poster: the KServe v2 REST body curl sends
+    "tritonclient-http": "http",  # JSON tensors both ways (binary_data=False)
+    "h2load": "grpc",  # one raw ModelInfer frame replayed
+    "tritonclient-grpc": "grpc",  # blocking infer from one thread per client
+    "tritonclient-grpc-aio": "grpc",
+}
+
+
 def measure(
     server: servers.Server,
     model: str,
     x: np.ndarray,
+    *,
+    paths: list[str],
     concurrency: list[int],
     seconds: float,
+    max_requests: int,
 ) -> list[dict[str, Any]]:
     datatype = "FP32" if x.dtype == np.float32 else "INT64"
     body, header_length = loadgen.http_body(model, "INPUT__0", datatype, x)
+    json_body = loadgen.json_body("INPUT__0", datatype, x)
     frame = loadgen.grpc_frame(model, "INPUT__0", datatype, x)
     http_url = f"http://{servers.HOST}:{server.http_port}/v2/models/{model}/infer"
     grpc_url = f"http://{servers.HOST}:{server.grpc_port}/inference.GRPCInferenceService/ModelInfer"
     rows = []
-    for protocol in ("http", "grpc"):
+    for path in paths:
+        protocol = PATHS[path]
         for clients in concurrency:
-            if protocol == "http":
+            cpu = server.cpu_seconds
+            if path in ("wrk", "wrk-json"):
+                body_of_path, length = (body, header_length) if path == "wrk" else (json_body, None)
                 result = loadgen.run_wrk(
-                    http_url, body, header_length,
-                    concurrency=clients, seconds=seconds, core=CLIENT_CORE,
+                    http_url, body_of_path, length, concurrency=clients, seconds=seconds,
+                    core=CLIENT_CORE, server_cpu=cpu,
+                )  # fmt: skip
+            elif path == "h2load":
+                result = loadgen.run_h2load(
+                    grpc_url, frame, concurrency=clients, seconds=seconds, core=CLIENT_CORE,
+                    server_cpu=cpu,
                 )  # fmt: skip
             else:
-                result = loadgen.run_h2load(
-                    grpc_url, frame, concurrency=clients, seconds=seconds, core=CLIENT_CORE
-                )
+                port = server.http_port if protocol == "http" else server.grpc_port
+                result = loadgen.run_python_client(
+                    path, f"{servers.HOST}:{port}", model, x, concurrency=clients,
+                    seconds=seconds, max_requests=max_requests, core=CLIENT_CORE,
+                    server_pid=server.process.pid,
+                )  # fmt: skip
             rows.append(
-                {"protocol": protocol, "concurrency": clients, **asdict(result),
-                 "throughput": result.throughput}
+                {"path": path, "protocol": protocol, "concurrency": clients, **asdict(result),
+                 "throughput": result.throughput,
+                 "server_us_per_request": result.server_us_per_request}
             )  # fmt: skip
             print(
-                f"  {server.label:6} {protocol:4} c={clients:<3} {result.throughput:9.1f} req/s "
+                f"  {server.label:6} {path:21} c={clients:<3} {result.throughput:9.1f} req/s "
                 f"p50 {result.p50_ms:7.3f} ms p99 {result.p99_ms:7.3f} ms "
-                f"client cpu {result.client_cpu:4.2f} errors {result.errors}",
+                f"client cpu {result.client_cpu:4.2f} server {result.server_us_per_request:6.0f} "
+                f"us/req errors {result.errors}",
                 flush=True,
             )
     return rows
@@ -140,6 +174,7 @@ def overload_run(model_dir: Path, capacity: float, seconds: float, log: Path) ->
         after = loadgen.run_wrk(
             f"http://{servers.HOST}:{server.http_port}/v2/models/transformer/infer", body,
             header_length, concurrency=1, seconds=3, core=CLIENT_CORE,
+            server_cpu=server.cpu_seconds,
         )  # fmt: skip
         ready = server.process.poll() is None
     latencies = np.array(result.ok_latencies_ms or [0.0])
@@ -174,9 +209,21 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--triton-python", type=Path, required=True)
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=5.0, help="each closed-loop run")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument(
+        "--paths", nargs="+", choices=list(PATHS), default=list(PATHS),
+        help="load paths, each run against every server at every concurrency",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-requests", type=int, default=500_000,
+        help="bound on the requests of one Python-client run, beside its seconds",
+    )  # fmt: skip
     parser.add_argument("--overload-seconds", type=float, default=30.0)
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="a smoke check that every path runs: 1 s runs, a 3 s overload",
+    )  # fmt: skip
     parser.add_argument(
         "--abuse", type=Path,
         help="JSON lines from the HTTP abuse tests (KILN_ABUSE_OUT), rendered as their table",
@@ -186,12 +233,16 @@ def main() -> None:
         help="a subset for a short check; the report's transformer targets need it",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.overload_seconds = 1.0, 3.0
+    started = time.monotonic()
     os.sched_setaffinity(0, {CLIENT_CORE})  # this process and the clients it starts
 
     results: dict[str, Any] = {
         "host": {"cpus": os.cpu_count(), "machine": platform.machine(),
                  "python": platform.python_version()},
         "seconds_per_run": args.seconds,
+        "paths": args.paths,
         "models": {},
     }  # fmt: skip
     with tempfile.TemporaryDirectory() as scratch:
@@ -233,7 +284,10 @@ def main() -> None:
                     )
                 with context as server:
                     check_answers(server, kind, x)
-                    rows = measure(server, kind, x, args.concurrency, args.seconds)
+                    rows = measure(
+                        server, kind, x, paths=args.paths, concurrency=args.concurrency,
+                        seconds=args.seconds, max_requests=args.max_requests,
+                    )  # fmt: skip
                     rows.append({"rss_bytes": server.rss_bytes()})
                 model_results["servers"][label] = rows
                 model_results["load_average"][label] = [load_before, os.getloadavg()[0]]
@@ -248,10 +302,10 @@ def main() -> None:
             }
             results["models"][kind] = model_results
             if kind == "transformer":
+                kiln_rows = [r for r in model_results["servers"]["kiln (fp32)"] if "path" in r]
                 capacity = max(
                     r["throughput"]
-                    for r in model_results["servers"]["kiln (fp32)"]
-                    if r.get("protocol") == "http"
+                    for r in [r for r in kiln_rows if r["path"] == "wrk"] or kiln_rows
                 )
                 print(f"transformer: overload at 5 x {capacity:.0f} req/s", flush=True)
                 results["overload"] = overload_run(
@@ -259,6 +313,7 @@ def main() -> None:
                 )
     if args.abuse is not None:
         results["abuse"] = [json.loads(line) for line in args.abuse.read_text().splitlines()]
+    results["wall_seconds"] = time.monotonic() - started
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "runtime.json").write_text(json.dumps(results, indent=1))
     write_report(results, args.out / "runtime.md")

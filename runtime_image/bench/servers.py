@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import proc
+
 HOST = "127.0.0.1"
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -37,7 +39,7 @@ class Server:
     def rss_bytes(self) -> int:
         """Resident memory of the server process and its children (Triton has several)."""
         total = 0
-        for pid in [self.process.pid, *_children(self.process.pid)]:
+        for pid in [self.process.pid, *proc.descendants(self.process.pid)]:
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
             except OSError:
@@ -47,21 +49,9 @@ class Server:
                     total += int(line.split()[1]) * 1024
         return total
 
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == pid:
-            found.append(int(entry.name))
-            found.extend(_children(int(entry.name)))
-    return found
+    def cpu_seconds(self) -> float:
+        """CPU time used so far by the server and its children (Triton runs several)."""
+        return proc.tree_cpu_seconds(self.process.pid)
 
 
 def _wait_ready(server: Server, path: str, seconds: float) -> None:

@@ -1,0 +1,159 @@
+"""The runtime benchmark's pure parts: CPU accounting from /proc, the JSON poster's body, and
+the report's tables and target checks (like for like, rows a short run did not measure skipped).
+
+The load itself needs servers and compiled clients (`make bench-runtime`); what is pinned here
+is what turns its numbers into the report's verdicts.
+"""
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench import loadgen, proc, report
+from kiln_runtime.protocol.rest import decode_infer
+
+STAT = "4242 (a (weird) name) S 17 4242 4242 0 -1 4194560 100 0 0 0 {u} {s} 0 0 20 0 3 0"
+
+
+def test_stat_fields_are_counted_from_the_last_parenthesis() -> None:
+    assert proc.parse_stat(STAT.format(u=150, s=25)) == (17, 175)
+
+
+def test_a_tree_is_the_root_and_every_descendant() -> None:
+    parents = {1: 0, 10: 1, 11: 10, 12: 10, 13: 11, 20: 1, 30: 99}
+
+    assert sorted(proc.tree(10, parents)) == [10, 11, 12, 13]
+    assert proc.tree(13, parents) == [13]
+
+
+def test_this_process_cpu_time_grows_with_work() -> None:
+    before = proc.tree_cpu_seconds(os.getpid())
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:
+        pass
+
+    assert proc.tree_cpu_seconds(os.getpid()) > before
+
+
+def test_the_plain_json_body_is_what_the_runtime_parses() -> None:
+    x = np.random.default_rng(20).standard_normal((2, 3)).astype(np.float32)
+
+    request = decode_infer("mlp", "", {}, loadgen.json_body("INPUT__0", "FP32", x), 1 << 20)
+
+    np.testing.assert_array_equal(request.inputs[0].data, x)
+    assert request.inputs[0].datatype == "FP32"
+
+
+def test_server_cost_per_request_survives_a_run_without_answers() -> None:
+    result = loadgen.LoadResult(0, 5, 1.0, 0.0, 0.0, 0.1, server_cpu_seconds=0.002)
+
+    assert result.server_us_per_request == 2000
+
+
+def row(path: str, clients: int, throughput: float, client_cpu: float = 0.2) -> dict[str, Any]:
+    return {
+        "path": path, "protocol": "grpc" if "grpc" in path or path == "h2load" else "http",
+        "concurrency": clients, "requests": int(throughput), "errors": 0, "seconds": 1.0,
+        "p50_ms": 0.5, "p99_ms": 1.0, "client_cpu": client_cpu, "throughput": throughput,
+        "server_us_per_request": 150.0,
+    }  # fmt: skip
+
+
+def results(servers: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    return {
+        "host": {"cpus": 2, "machine": "x86_64", "python": "3.11"},
+        "seconds_per_run": 1.0,
+        "models": {
+            "mlp": {
+                "raw_forward_seconds": {"fp32": {"1": 1e-4, "16": 1e-3}},
+                "servers": {**servers},
+                "load_average": {},
+                "steal": {},
+            }
+        },
+    }
+
+
+def checks_by_target(measured: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    return {target: (text, met) for target, text, met in report.targets(measured)}
+
+
+def test_user_paths_are_judged_against_triton_on_the_same_path_and_precision() -> None:
+    measured = results({
+        "kiln (fp32)": [row("tritonclient-http", 16, 3100), row("tritonclient-grpc", 16, 3900)],
+        "triton (fp32)": [row("tritonclient-http", 16, 1000), row("tritonclient-grpc", 16, 1000)],
+        "kiln (int8)": [row("tritonclient-http", 16, 2000)],
+        "triton (int8)": [row("tritonclient-http", 16, 1000, client_cpu=0.95)],
+    })  # fmt: skip
+
+    checks = checks_by_target(measured)
+
+    http = "MLP HTTP JSON (tritonclient.http) {0} vs {0}: throughput at c=16 >= 3x Triton's"
+    grpc = "MLP gRPC (tritonclient.grpc, threads) fp32 vs fp32: throughput at c=16 >= 4x Triton's"
+    assert checks[http.format("fp32")] == ("3100 vs 1000 req/s = 3.10x", True)
+    assert checks[grpc] == ("3900 vs 1000 req/s = 3.90x", False)
+    assert checks[http.format("int8")] == (
+        "2000 vs 1000 req/s = 2.00x (client saturated: triton)",
+        False,
+    )
+    # nothing measured on the other paths, at c=1, or for the transformer: no verdict on them
+    assert len(checks) == 3
+
+
+def test_rows_written_before_paths_existed_count_as_the_ceilings() -> None:
+    old = {k: v for k, v in row("wrk", 16, 5000).items() if k != "path"}
+    measured = results({"kiln (fp32)": [old], "triton (fp32)": [{**old, "throughput": 1000}]})
+
+    [(target, text, met)] = report.targets(measured)
+
+    assert target.startswith("MLP HTTP binary tensors (wrk) fp32 vs fp32")
+    assert (text, met) == ("5000 vs 1000 req/s = 5.00x", True)
+
+
+def test_the_table_lists_path_by_server_with_kiln_over_triton() -> None:
+    measured = results({
+        "kiln (fp32)": [row("tritonclient-grpc-aio", 16, 3000), row("wrk", 1, 1000),
+                        {"rss_bytes": 1}],
+        "triton (fp32)": [row("tritonclient-grpc-aio", 16, 1000, client_cpu=0.97),
+                          row("wrk", 1, 500)],
+    })  # fmt: skip
+
+    lines = report.load_table(measured, "mlp")
+
+    assert lines[2:] == [
+        "| HTTP binary tensors (wrk) | kiln (fp32) | 1 | 1000 | 2.00x | 0.500 | 1.000 | 0 "
+        "| 0.20 | 150 |",
+        "| HTTP binary tensors (wrk) | triton (fp32) | 1 | 500 | - | 0.500 | 1.000 | 0 "
+        "| 0.20 | 150 |",
+        "| gRPC (tritonclient.grpc.aio) | kiln (fp32) | 16 | 3000 | 3.00x | 0.500 | 1.000 | 0 "
+        "| 0.20 | 150 |",
+        "| gRPC (tritonclient.grpc.aio) | triton (fp32) | 16 | 1000 | - | 0.500 | 1.000 | 0 "
+        "| **0.97** | 150 |",
+    ]
+
+
+def test_a_short_run_renders_a_whole_report(tmp_path: Path) -> None:
+    paths = list(report.PATH_NAMES)
+    measured = results({
+        label: [row(path, clients, 100.0) for path in paths for clients in (1, 4)]
+        for label in ("kiln (fp32)", "triton (fp32)")
+    })  # fmt: skip
+
+    report.write_report(measured, tmp_path / "runtime.md")
+
+    text = (tmp_path / "runtime.md").read_text()
+    assert text.count("| kiln (fp32) |") == len(paths) * 2
+    assert "server CPU µs/req" in text
+
+
+@pytest.mark.parametrize("value", [0.89, 0.9])
+def test_a_client_is_saturated_from_ninety_percent(value: float) -> None:
+    measured = results({"kiln (fp32)": [row("wrk", 1, 10, client_cpu=value)]})
+
+    bold = "**" in report.load_table(measured, "mlp")[2]
+
+    assert bold == (value >= report.SATURATED_CLIENT)
