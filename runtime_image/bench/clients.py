@@ -72,6 +72,18 @@ class Window:
         self.errors += 1
         self.first_error = self.first_error or f"{type(error).__name__}: {error}"
 
+    def run(self, one: Callable[[], None]) -> None:
+        """One worker's closed loop: ``one`` request after another while the window is open;
+        a failed request is counted and reported, and the loop goes on."""
+        while self.open():
+            started = time.perf_counter()
+            try:
+                one()
+            except Exception as error:
+                self.record(started, error)
+            else:
+                self.record(started, None)
+
 
 def datatype_of(array: npt.NDArray[Any]) -> str:
     return {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}[array.dtype]
@@ -95,17 +107,7 @@ def _http(args: argparse.Namespace, x: npt.NDArray[Any], window: Callable[[], Wi
     gevent.joinall([gevent.spawn(one) for _ in range(args.concurrency)], raise_error=True)
     measured = window()
 
-    def worker() -> None:
-        while measured.open():
-            started = time.perf_counter()
-            try:
-                one()
-            except Exception as error:  # counted and reported, the loop goes on
-                measured.record(started, error)
-            else:
-                measured.record(started, None)
-
-    gevent.joinall([gevent.spawn(worker) for _ in range(args.concurrency)])
+    gevent.joinall([gevent.spawn(measured.run, one) for _ in range(args.concurrency)])
     client.close()
     return measured
 
@@ -134,15 +136,7 @@ def _grpc(args: argparse.Namespace, x: npt.NDArray[Any], window: Callable[[], Wi
             raise
         ready.wait()  # every worker connected and warm; the main thread opens the window
         ready.wait()
-        measured = holder[0]
-        while measured.open():
-            started = time.perf_counter()
-            try:
-                one()
-            except Exception as error:  # counted and reported, the loop goes on
-                measured.record(started, error)
-            else:
-                measured.record(started, None)
+        holder[0].run(one)
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(args.concurrency)]
     for thread in threads:

@@ -16,6 +16,7 @@ from kiln_operator import constants
 from kiln_operator.api import crdgen
 from kiln_operator.status.compute import ChildProblem, Observation, compute_status
 from tests.gotools import FIRST_BUILD_TEST_TIMEOUT, go_tool
+from tests.unit.kube_objects import deployment, pod
 
 pytestmark = pytest.mark.timeout(FIRST_BUILD_TEST_TIMEOUT)
 
@@ -40,33 +41,6 @@ UNSCHEDULABLE = {
 @pytest.fixture(scope="module")
 def kstatus_binary() -> Path:
     return go_tool("kstatus")
-
-
-def deployment(
-    *, replicas: int = 2, updated: int = 2, available: int = 2, progressing: str = "Available"
-) -> dict[str, Any]:
-    return {
-        "metadata": {"generation": 5},
-        "spec": {"replicas": 2},
-        "status": {
-            "observedGeneration": 5,
-            "replicas": replicas,
-            "updatedReplicas": updated,
-            "readyReplicas": available,
-            "availableReplicas": available,
-            "conditions": [
-                {"type": "Available", "status": "True" if available else "False"},
-                {"type": "Progressing", "status": "True", "reason": progressing},
-            ],
-        },
-    }
-
-
-def pod(name: str, *conditions: dict[str, Any], created: str = "2026-11-25T11:00:00Z") -> Any:
-    return {
-        "metadata": {"name": name, "namespace": "models", "creationTimestamp": created},
-        "status": {"conditions": list(conditions), "containerStatuses": []},
-    }
 
 
 def observe(body: dict[str, Any] | None, *pods: dict[str, Any]) -> Observation:

@@ -9,21 +9,10 @@ from typing import Any
 from kiln_operator import constants
 from kiln_operator.status.causes import first_cause
 from kiln_operator.status.compute import Observation, compute_status
+from tests.unit import kube_objects
+from tests.unit.kube_objects import pod
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
-
-
-def pod(
-    name: str,
-    *,
-    created: str = "2026-11-25T11:00:00Z",
-    conditions: list[dict[str, Any]] | None = None,
-    containers: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": "ns", "creationTimestamp": created},
-        "status": {"conditions": conditions or [], "containerStatuses": containers or []},
-    }
 
 
 UNSCHEDULABLE_GPUS = {
@@ -46,25 +35,20 @@ def runtime(state: dict[str, Any], **fields: Any) -> dict[str, Any]:
     }
 
 
-def deployment(
-    *, desired: int = 1, replicas: int = 1, updated: int = 1, available: int = 0, **extra: Any
-) -> dict[str, Any]:
-    return {
-        "metadata": {"generation": 2},
-        "spec": {"replicas": desired},
-        "status": {
-            "observedGeneration": 2,
-            "replicas": replicas,
-            "updatedReplicas": updated,
-            "readyReplicas": available,
-            "availableReplicas": available,
-            "conditions": extra.get("conditions", []),
-        },
+def deployment(**fields: Any) -> dict[str, Any]:
+    """One pod wanted, none available, no conditions: where each cause is looked for."""
+    defaults: dict[str, Any] = {
+        "desired": 1,
+        "replicas": 1,
+        "updated": 1,
+        "available": 0,
+        "conditions": [],
     }
+    return kube_objects.deployment(**{**defaults, **fields})
 
 
 def test_the_schedulers_reason_is_the_cause_of_an_unschedulable_pod() -> None:
-    cause = first_cause(deployment(), [pod("a", conditions=[UNSCHEDULABLE_GPUS])])
+    cause = first_cause(deployment(), [pod("a", UNSCHEDULABLE_GPUS)])
     assert cause is not None and cause.failure
     assert cause.reason == constants.REASON_UNSCHEDULABLE
     assert cause.message.startswith("pod a cannot be scheduled: 0/3 nodes are available: 3 ")
@@ -80,9 +64,7 @@ def test_a_quota_refusing_pods_comes_first() -> None:
         "requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=3, limited: "
         "requests.nvidia.com/gpu=3",
     }
-    cause = first_cause(
-        deployment(conditions=[failure]), [pod("a", conditions=[UNSCHEDULABLE_GPUS])]
-    )
+    cause = first_cause(deployment(conditions=[failure]), [pod("a", UNSCHEDULABLE_GPUS)])
     assert cause is not None and cause.reason == constants.REASON_PODS_REFUSED
     assert "exceeded quota: gpu-quota" in cause.message
 
@@ -119,14 +101,14 @@ def test_a_failed_warm_up_is_a_failure_and_warming_up_is_progress() -> None:
         "reason": "RequestErrors",
         "message": "92 of 200 warm-up requests failed: TimeoutError",
     }
-    cause = first_cause(deployment(), [pod("a", conditions=[failed])])
+    cause = first_cause(deployment(), [pod("a", failed)])
     assert cause is not None and cause.failure
     assert cause.reason == constants.REASON_WARMUP_FAILED
     assert "(RequestErrors): 92 of 200 warm-up requests failed: TimeoutError" in cause.message
 
     warming = {**failed, "reason": "WarmingUp", "message": "attempt 1/3"}
     running = {"name": "runtime", "ready": True, "state": {"running": {}}}
-    cause = first_cause(deployment(), [pod("a", conditions=[warming], containers=[running])])
+    cause = first_cause(deployment(), [pod("a", warming, containers=[running])])
     assert cause is not None and not cause.failure
     assert cause.reason == constants.REASON_WARMING_UP
 
@@ -137,10 +119,10 @@ def test_a_runtime_that_runs_but_is_not_ready_is_named() -> None:
 
 
 def test_ready_pods_have_no_cause_and_failures_beat_progress() -> None:
-    assert first_cause(deployment(), [pod("a", conditions=[READY])]) is None
+    assert first_cause(deployment(), [pod("a", READY)]) is None
     assert first_cause(None, []) is None
     starting = pod("new", created="2026-11-25T11:59:00Z", containers=[runtime({"running": {}})])
-    stuck = pod("old", conditions=[UNSCHEDULABLE_GPUS])
+    stuck = pod("old", UNSCHEDULABLE_GPUS)
     cause = first_cause(deployment(), [starting, stuck])
     assert cause is not None and cause.reason == constants.REASON_UNSCHEDULABLE
 
@@ -161,7 +143,7 @@ def observe(body: dict[str, Any], pods: list[dict[str, Any]], min_replicas: int 
 
 
 def test_ready_names_the_cause_when_no_pod_serves() -> None:
-    conditions = observe(deployment(), [pod("a", conditions=[UNSCHEDULABLE_GPUS])])
+    conditions = observe(deployment(), [pod("a", UNSCHEDULABLE_GPUS)])
     ready = conditions["Ready"]
     assert (ready["status"], ready["reason"]) == ("False", "Unschedulable")
     assert ready["message"].startswith("0 of 1 updated pods are available: pod a cannot be ")
@@ -170,8 +152,8 @@ def test_ready_names_the_cause_when_no_pod_serves() -> None:
 
 def test_a_rollout_stalled_behind_an_unschedulable_pod_says_so_and_who_serves() -> None:
     rolling = deployment(desired=1, replicas=2, updated=1, available=1)
-    new = pod("new", created="2026-11-25T11:59:00Z", conditions=[UNSCHEDULABLE_GPUS])
-    old = pod("old", conditions=[READY])
+    new = pod("new", UNSCHEDULABLE_GPUS, created="2026-11-25T11:59:00Z")
+    old = pod("old", READY)
     ready = observe(rolling, [new, old])["Ready"]
     assert (ready["status"], ready["reason"]) == ("False", "RolloutStalled")
     assert ready["message"].startswith("the rollout is stalled: pod new cannot be scheduled")
@@ -187,11 +169,11 @@ def test_the_replica_floor_has_its_own_condition_and_ready_stays_true_while_serv
         "message": "exceeded quota: pods, limited: pods=3",
     }
     serving = deployment(desired=5000, replicas=3, updated=3, available=3, conditions=[failure])
-    conditions = observe(serving, [pod(f"p{i}", conditions=[READY]) for i in range(3)], 5000)
+    conditions = observe(serving, [pod(f"p{i}", READY) for i in range(3)], 5000)
     assert conditions["Ready"]["status"] == "True"
     floor = conditions["ReplicaFloorMet"]
     assert (floor["status"], floor["reason"]) == ("False", "FloorNotMet")
     assert floor["message"].startswith("3 of minReplicas 5000 pods available: pods cannot be")
     assert "exceeded quota: pods" in floor["message"]
-    met = observe(deployment(available=1), [pod("a", conditions=[READY])])["ReplicaFloorMet"]
+    met = observe(deployment(available=1), [pod("a", READY)])["ReplicaFloorMet"]
     assert (met["status"], met["reason"]) == ("True", "FloorMet")

@@ -14,6 +14,7 @@ import pytest
 
 from kiln_operator import constants
 from kiln_operator.status.compute import ChildProblem, Observation, compute_status
+from tests.unit.kube_objects import deployment, pod
 
 T0 = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 INVALID = "spec.autoscaling: minReplicas (5) must not exceed maxReplicas (2)"
@@ -30,38 +31,6 @@ WARMUP_FAILED = {
     "reason": "P99OverBound",
     "message": "warm-up p99 183.2 ms exceeds the bound 50 ms after 200 requests",
 }
-
-
-def deployment(
-    *,
-    desired: int = 2,
-    replicas: int = 2,
-    updated: int = 2,
-    available: int = 2,
-    progressing: str = "NewReplicaSetAvailable",
-) -> dict[str, Any]:
-    return {
-        "metadata": {"generation": 2},
-        "spec": {"replicas": desired},
-        "status": {
-            "observedGeneration": 2,
-            "replicas": replicas,
-            "updatedReplicas": updated,
-            "readyReplicas": available,
-            "availableReplicas": available,
-            "conditions": [
-                {"type": "Available", "status": "True" if available else "False"},
-                {"type": "Progressing", "status": "True", "reason": progressing},
-            ],
-        },
-    }
-
-
-def pod(name: str, *conditions: dict[str, Any], created: str = "2026-11-25T11:00:00Z") -> Any:
-    return {
-        "metadata": {"name": name, "namespace": "ns", "creationTimestamp": created},
-        "status": {"conditions": list(conditions), "containerStatuses": []},
-    }
 
 
 def observe(
