@@ -38,8 +38,6 @@ MANAGER: Final = "kiln-operator"
 """The value of LABEL_MANAGED_BY and the field manager of every write this operator makes."""
 
 # --- annotations -------------------------------------------------------------------------------
-ANNOTATION_SPEC_HASH: Final = f"{GROUP}/spec-hash"
-"""On children: a digest of the desired object, for humans reading `kubectl describe`."""
 ANNOTATION_PROMETHEUS_SCRAPE: Final = "prometheus.io/scrape"
 ANNOTATION_PROMETHEUS_PORT: Final = "prometheus.io/port"
 ANNOTATION_PROMETHEUS_PATH: Final = "prometheus.io/path"
@@ -167,6 +165,3 @@ REASON_STALLED: Final = "Stalled"
 EVENT_READY: Final = "Ready"
 EVENT_NOT_READY: Final = "NotReady"
 EVENT_INVALID_SPEC: Final = REASON_INVALID_SPEC
-EVENT_CHILD_CREATED: Final = "Created"
-EVENT_CHILD_UPDATED: Final = "Updated"
-EVENT_CHILD_DELETED: Final = "Deleted"

@@ -33,10 +33,6 @@ def numpy_carrier(datatype: str) -> np.dtype[Any]:
     return np.dtype(_NUMPY_CARRIERS[datatype])
 
 
-def element_size(datatype: str) -> int:
-    return numpy_carrier(datatype).itemsize
-
-
 def bf16_bits_from_float(values: npt.NDArray[Any]) -> npt.NDArray[np.uint16]:
     """Round float values to bfloat16 (round to nearest even) and return the raw bits."""
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)

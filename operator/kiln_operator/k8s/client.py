@@ -264,15 +264,3 @@ class KubeClient:
             content_type="application/apply-patch+yaml",
             query=[("fieldManager", manager), ("force", "true")],
         )
-
-    async def patch_status(
-        self, resource: Resource, namespace: str | None, name: str, status: Manifest
-    ) -> Manifest:
-        """JSON merge-patch the status subresource."""
-        return await self._call(
-            "PATCH",
-            resource.path(namespace, name) + "/status",
-            {"status": status},
-            content_type="application/merge-patch+json",
-            query=[("fieldManager", constants.MANAGER)],
-        )

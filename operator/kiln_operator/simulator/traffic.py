@@ -6,12 +6,10 @@ time, 10 minutes early or not at all, an unannounced 3x or 5x spike, a Prometheu
 model-load failures. Arrivals are drawn from a seeded generator: same seed, same requests.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
-
-DAY = 86_400
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,6 @@ class Scenario:
     outage: tuple[float, float] | None = None
     """Prometheus is down between these hours of the day."""
     load_failure_probability: float = 0.0
-    tags: tuple[str, ...] = field(default_factory=tuple)
 
     def rate_curve(self, rng: np.random.Generator) -> NDArray[np.float64]:
         """Requests per second for each second of the scenario (the true intensity)."""

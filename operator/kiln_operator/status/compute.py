@@ -13,20 +13,6 @@ from kiln_operator.status.causes import Cause, first_cause
 from kiln_operator.status.conditions import Condition, find_condition, set_condition
 from kiln_operator.status.deployment import rollout_state
 
-OWNED_STATUS_KEYS = (
-    "observedGeneration",
-    "conditions",
-    "replicas",
-    "readyReplicas",
-    "updatedReplicas",
-    "availableReplicas",
-    "selector",
-    "url",
-    "grpcAddress",
-)
-"""Status keys the reconcile loop writes; status.autoscaling belongs to the autoscaler."""
-
-
 OWNED_CONDITION_TYPES = (
     constants.CONDITION_SPEC_VALID,
     constants.CONDITION_DEPLOYMENT_AVAILABLE,

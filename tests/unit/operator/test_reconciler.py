@@ -90,14 +90,6 @@ class FakeKube:
         stored["status"] = {**old, **status, "conditions": kept + list(mine.values())}
         return copy.deepcopy(stored)
 
-    async def patch_status(
-        self, resource: Resource, namespace: str | None, name: str, status: Manifest
-    ) -> Manifest:
-        self.writes.append(("status", resource.plural))
-        stored = self.objects[self._key(resource, namespace, name)]
-        stored["status"] = {**stored.get("status", {}), **status}
-        return copy.deepcopy(stored)
-
 
 def add_service(kube: FakeKube, spec: dict[str, Any], name: str = "mlp") -> None:
     kube.objects[(INFERENCE_SERVICES.plural, NAMESPACE, name)] = {
