@@ -53,10 +53,11 @@ docker-up: ## Install (if needed) and start the Docker engine; no image can be p
 	bash e2e/docker/docker-up.sh
 
 # ---------------------------------------------------------------- quality
-lint: venv ## ruff and the import-linter layer contracts
+lint: venv ## ruff, the import-linter layer contracts and vulture (unused code; tools/vulture_whitelist.py)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/vulture
 
 typecheck: venv ## mypy (strict) over every package and the tests
 	$(VENV)/bin/mypy
