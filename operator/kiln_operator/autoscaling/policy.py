@@ -57,8 +57,8 @@ class ScalingSpec:
 
 
 @dataclass(frozen=True)
-class Observation:
-    """What Prometheus and the cluster showed at one evaluation.
+class MetricsObservation:
+    """What Prometheus and the cluster showed at one evaluation of the autoscaler.
 
     A metric is None when its query returned nothing; `metrics_error` carries why Prometheus
     could not be read at all. A NaN p99 with a zero request rate means "no traffic", not
@@ -89,7 +89,7 @@ class Decision:
     metrics_available: bool
     window: WindowState | None
 
-    def status(self, observed: Observation) -> AutoscalingStatus:
+    def status(self, observed: MetricsObservation) -> AutoscalingStatus:
         """The `status.autoscaling` object for this decision."""
         p99 = observed.p99_latency_seconds
         if not observed.requests_per_second:
@@ -129,7 +129,7 @@ class Decision:
 
 def decide(
     current: int,
-    observed: Observation,
+    observed: MetricsObservation,
     spec: ScalingSpec,
     state: ScalerState,
     now: datetime,
@@ -197,7 +197,9 @@ class _Proposal:
     state: ScalerState
 
 
-def metrics_problem(observed: Observation, scaling: AutoscalingSpec, now: datetime) -> str | None:
+def metrics_problem(
+    observed: MetricsObservation, scaling: AutoscalingSpec, now: datetime
+) -> str | None:
     """Why the observation cannot be trusted, or None when it can."""
     if observed.metrics_error is not None:
         return f"metrics unreadable: {observed.metrics_error}"
@@ -240,7 +242,7 @@ def _blind_proposal(current: int, spec: ScalingSpec, state: ScalerState, problem
 
 def _sighted_proposal(
     current: int,
-    observed: Observation,
+    observed: MetricsObservation,
     spec: ScalingSpec,
     state: ScalerState,
     *,
@@ -453,7 +455,7 @@ def _update_capacity(
 
 
 def _queue_growth(
-    state: ScalerState, queue_total: float, observed: Observation, now: datetime
+    state: ScalerState, queue_total: float, observed: MetricsObservation, now: datetime
 ) -> float:
     """Requests per second the queue grew by since the last evaluation (0 if it shrank)."""
     if state.last_queue_total is None or state.last_observed_at is None:
@@ -466,7 +468,7 @@ def _queue_growth(
     return max(0.0, (queue_total - state.last_queue_total) / elapsed)
 
 
-def _cold_start(observed: Observation, prewarm: PrewarmSpec) -> float:
+def _cold_start(observed: MetricsObservation, prewarm: PrewarmSpec) -> float:
     measured = observed.cold_start_seconds
     if measured is not None and math.isfinite(measured) and measured >= 0:
         return measured

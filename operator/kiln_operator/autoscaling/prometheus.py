@@ -26,7 +26,7 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests.adapters import Retry
 
 from kiln_operator.autoscaling.capacity import BatchWindow
-from kiln_operator.autoscaling.policy import Observation
+from kiln_operator.autoscaling.policy import MetricsObservation
 from kiln_operator.autoscaling.signals import ServiceKey, ServiceSignals, fan_out, grouped_query
 
 QUERY_TIMEOUT_SECONDS = 5
@@ -106,19 +106,19 @@ class PrometheusSource:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
-def observation(snapshot: Snapshot, key: ServiceKey, ready_replicas: int) -> Observation:
-    """The Observation for `decide` of one service, from its endpoint's snapshot."""
+def observation(snapshot: Snapshot, key: ServiceKey, ready_replicas: int) -> MetricsObservation:
+    """The MetricsObservation for `decide` of one service, from its endpoint's snapshot."""
     if snapshot.error is not None:
-        return Observation(ready_replicas=ready_replicas, metrics_error=snapshot.error)
+        return MetricsObservation(ready_replicas=ready_replicas, metrics_error=snapshot.error)
     signals = snapshot.services.get(key)
     if signals is None or signals.freshest is None:
         namespace, name = key
-        return Observation(
+        return MetricsObservation(
             ready_replicas=ready_replicas,
             metrics_error=f"no kiln_queue_depth series for {namespace}/{name} in Prometheus",
         )
     queue = signals.queue_depth
-    return Observation(
+    return MetricsObservation(
         ready_replicas=ready_replicas,
         observed_at=datetime.fromtimestamp(signals.freshest, UTC),
         p99_latency_seconds=signals.p99_seconds,

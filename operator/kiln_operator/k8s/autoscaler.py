@@ -24,7 +24,7 @@ from kiln_operator import constants
 from kiln_operator.api.v1alpha1.autoscaling import AutoscalingStatus
 from kiln_operator.api.validation import DEFAULT_WARMUP_BUDGET_BYTES, SpecError, parse_spec
 from kiln_operator.autoscaling.deletion_cost import DELETION_COST_ANNOTATION, deletion_costs
-from kiln_operator.autoscaling.policy import Decision, Observation, ScalingSpec, decide
+from kiln_operator.autoscaling.policy import Decision, MetricsObservation, ScalingSpec, decide
 from kiln_operator.autoscaling.prometheus import PrometheusSource, observation
 from kiln_operator.autoscaling.quiet import state_needs_write, status_needs_write
 from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState
@@ -223,9 +223,9 @@ class Autoscaler:
         ready: int,
         window: int,
         max_age: float,
-    ) -> Observation:
+    ) -> MetricsObservation:
         if source is None:
-            return Observation(
+            return MetricsObservation(
                 ready_replicas=ready,
                 metrics_error="no Prometheus URL: set the operator's KILN_PROMETHEUS_URL "
                 "or spec.autoscaling.prometheusUrl",

@@ -34,11 +34,11 @@ from kiln_operator.builders import (
     build_service_monitor,
 )
 from kiln_operator.builders.compare import build_update, needs_update
-from kiln_operator.builders.naming import grpc_address, http_url, label_selector_string
+from kiln_operator.builders.naming import Manifest, grpc_address, http_url, label_selector_string
 from kiln_operator.builders.pdb import wants_pdb
 from kiln_operator.constants import MANAGER
 from kiln_operator.k8s.cache import ObjectCache
-from kiln_operator.k8s.client import ApiError, KubeClient, Manifest, RequestFailed
+from kiln_operator.k8s.client import ApiError, KubeClient, RequestFailed
 from kiln_operator.k8s.resources import (
     CRDS,
     DEPLOYMENTS,
@@ -50,7 +50,7 @@ from kiln_operator.k8s.resources import (
     Resource,
 )
 from kiln_operator.status import Event, compute_status
-from kiln_operator.status.compute import ChildProblem, Observation
+from kiln_operator.status.compute import ChildProblem, ReconcileObservation
 from kiln_operator.status.download import model_download_failure
 
 logger = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ class Reconciler:
             outcome.spec_error = parsed
         else:
             deployment = await self._apply_children(parsed, owner, deployment, outcome, fresh)
-        observation = Observation(
+        observation = ReconcileObservation(
             generation=int(meta.get("generation") or 0),
             spec_error=None if outcome.spec_error is None else outcome.spec_error.message,
             child_problems=tuple(outcome.child_problems),

@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kiln_operator.api.v1alpha1.autoscaling import AutoscalingSpec, PrewarmSpec, SloSpec
-from kiln_operator.autoscaling.policy import Observation, ScalingSpec, decide
+from kiln_operator.autoscaling.policy import MetricsObservation, ScalingSpec, decide
 from kiln_operator.autoscaling.schedule import starts_between
 from kiln_operator.autoscaling.state import ScalerState
 from kiln_operator.simulator.engine import Snapshot
@@ -95,7 +95,7 @@ class KilnPolicy:
         """One evaluation of the operator's timer."""
         view, now = snapshot.prometheus, snapshot.now
         try:
-            observation = Observation(
+            observation = MetricsObservation(
                 ready_replicas=snapshot.ready,
                 observed_at=_at(view.sample_time(now)),
                 p99_latency_seconds=view.p99(now, self.window),
@@ -105,7 +105,7 @@ class KilnPolicy:
                 batches=view.batch_window(now, self.window),
             )
         except PrometheusDown as error:
-            observation = Observation(
+            observation = MetricsObservation(
                 ready_replicas=snapshot.ready,
                 metrics_error=str(error),
                 cold_start_seconds=self.cold_start_seconds,

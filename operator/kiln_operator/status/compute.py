@@ -10,7 +10,7 @@ from typing import Any
 
 from kiln_operator import constants
 from kiln_operator.status.causes import Cause, first_cause
-from kiln_operator.status.conditions import Condition, find_condition, set_condition
+from kiln_operator.status.conditions import ConditionDict, find_condition, set_condition
 from kiln_operator.status.deployment import rollout_state
 
 OWNED_CONDITION_TYPES = (
@@ -80,8 +80,9 @@ CHILD_PROBLEM_REASONS = (
 
 
 @dataclass(frozen=True)
-class Observation:
-    """Everything the status is computed from."""
+class ReconcileObservation:
+    """What one reconcile saw of the InferenceService and its children: everything its status
+    is computed from. (The autoscaler's is `autoscaling.policy.MetricsObservation`.)"""
 
     generation: int
     spec_error: str | None
@@ -102,13 +103,13 @@ class Observation:
 
 
 def _conditions(
-    observation: Observation, previous: list[Condition], now: datetime
-) -> list[Condition]:
+    observation: ReconcileObservation, previous: list[ConditionDict], now: datetime
+) -> list[ConditionDict]:
     generation = observation.generation
 
     def put(
-        conditions: list[Condition], kind: str, status: bool, reason: str, message: str
-    ) -> list[Condition]:
+        conditions: list[ConditionDict], kind: str, status: bool, reason: str, message: str
+    ) -> list[ConditionDict]:
         return set_condition(
             conditions,
             condition_type=kind,
@@ -298,7 +299,7 @@ def _floor(available: int, floor: int, cause: Cause | None) -> tuple[bool, str, 
     )
 
 
-def _events(previous: list[Condition], current: list[Condition]) -> list[Event]:
+def _events(previous: list[ConditionDict], current: list[ConditionDict]) -> list[Event]:
     events: list[Event] = []
     old_valid = find_condition(previous, constants.CONDITION_SPEC_VALID)
     new_valid = find_condition(current, constants.CONDITION_SPEC_VALID)
@@ -347,10 +348,10 @@ def _events(previous: list[Condition], current: list[Condition]) -> list[Event]:
 
 
 def compute_status(
-    previous: dict[str, Any], observation: Observation, now: datetime
+    previous: dict[str, Any], observation: ReconcileObservation, now: datetime
 ) -> StatusUpdate:
     """The status patch (only keys whose value changed) and the events of this transition."""
-    previous_conditions: list[Condition] = list(previous.get("conditions") or [])
+    previous_conditions: list[ConditionDict] = list(previous.get("conditions") or [])
     conditions = _conditions(observation, previous_conditions, now)
     deployment_status = (observation.deployment or {}).get("status") or {}
     desired: dict[str, Any] = {

@@ -7,7 +7,9 @@ rewrite it (and write the object); that rule lives here once.
 from datetime import datetime
 from typing import Any
 
-Condition = dict[str, Any]
+ConditionDict = dict[str, Any]
+"""One entry of status.conditions as the API server stores it (camelCase keys); its schema is
+`api.v1alpha1.Condition`."""
 
 
 def format_time(now: datetime) -> str:
@@ -15,13 +17,13 @@ def format_time(now: datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def find_condition(conditions: list[Condition], condition_type: str) -> Condition | None:
+def find_condition(conditions: list[ConditionDict], condition_type: str) -> ConditionDict | None:
     """The condition of that type, if any."""
     return next((c for c in conditions if c.get("type") == condition_type), None)
 
 
 def set_condition(
-    conditions: list[Condition],
+    conditions: list[ConditionDict],
     *,
     condition_type: str,
     status: str,
@@ -29,13 +31,13 @@ def set_condition(
     message: str,
     observed_generation: int | None,
     now: datetime,
-) -> list[Condition]:
+) -> list[ConditionDict]:
     """A new list with the condition set; lastTransitionTime kept unless status changed."""
     previous = find_condition(conditions, condition_type)
     transition_time = format_time(now)
     if previous is not None and previous.get("status") == status:
         transition_time = previous.get("lastTransitionTime", transition_time)
-    updated: Condition = {
+    updated: ConditionDict = {
         "type": condition_type,
         "status": status,
         "reason": reason,

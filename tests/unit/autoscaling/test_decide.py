@@ -10,7 +10,7 @@ import pytest
 from kiln_operator.api.v1alpha1.autoscaling import AutoscalingSpec, PrewarmSpec, SloSpec
 from kiln_operator.autoscaling import reasons
 from kiln_operator.autoscaling.capacity import BatchWindow
-from kiln_operator.autoscaling.policy import Observation, ScalingSpec, decide
+from kiln_operator.autoscaling.policy import MetricsObservation, ScalingSpec, decide
 from kiln_operator.autoscaling.state import InvalidScalerState, ScalerState
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)  # a Monday
@@ -42,8 +42,8 @@ def seen(
     rate: float = 100.0,
     at: datetime = NOW,
     **extra: Any,
-) -> Observation:
-    return Observation(
+) -> MetricsObservation:
+    return MetricsObservation(
         ready_replicas=ready,
         observed_at=at,
         p99_latency_seconds=p99,
@@ -64,7 +64,7 @@ FULL_BATCHES = BatchWindow(
 class Case(NamedTuple):
     name: str
     current: int
-    observed: Observation
+    observed: MetricsObservation
     state: ScalerState
     spec: ScalingSpec
     replicas: int
@@ -296,7 +296,7 @@ WINDOW = {
     ],
 )
 def test_blind_never_scales_down_and_follows_the_policy(
-    observed: Observation, missing: dict[str, Any], replicas: int
+    observed: MetricsObservation, missing: dict[str, Any], replicas: int
 ) -> None:
     spec = make_spec({"whenMetricsMissing": missing}, WINDOW)
     # The remembered state would justify a scale-down: it must be ignored and forgotten.

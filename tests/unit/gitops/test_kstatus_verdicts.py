@@ -14,7 +14,7 @@ import pytest
 
 from kiln_operator import constants
 from kiln_operator.api import crdgen
-from kiln_operator.status.compute import ChildProblem, Observation, compute_status
+from kiln_operator.status.compute import ChildProblem, ReconcileObservation, compute_status
 from tests.gotools import FIRST_BUILD_TEST_TIMEOUT, go_tool
 from tests.unit.kube_objects import deployment, pod
 
@@ -43,8 +43,8 @@ def kstatus_binary() -> Path:
     return go_tool("kstatus")
 
 
-def observe(body: dict[str, Any] | None, *pods: dict[str, Any]) -> Observation:
-    return Observation(
+def observe(body: dict[str, Any] | None, *pods: dict[str, Any]) -> ReconcileObservation:
+    return ReconcileObservation(
         generation=GENERATION,
         spec_error=None,
         deployment=body,
@@ -66,7 +66,7 @@ def service(name: str, status: dict[str, Any] | None, generation: int = GENERATI
     return body if status is None else {**body, "status": status}
 
 
-def written(observation: Observation) -> dict[str, Any]:
+def written(observation: ReconcileObservation) -> dict[str, Any]:
     """The status as the operator writes it (its server-side apply body)."""
     return compute_status({}, observation, NOW).applied
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from kiln_operator import constants
 from kiln_operator.status.causes import first_cause
-from kiln_operator.status.compute import Observation, compute_status
+from kiln_operator.status.compute import ReconcileObservation, compute_status
 from tests.unit import kube_objects
 from tests.unit.kube_objects import pod
 
@@ -128,7 +128,7 @@ def test_ready_pods_have_no_cause_and_failures_beat_progress() -> None:
 
 
 def observe(body: dict[str, Any], pods: list[dict[str, Any]], min_replicas: int = 1) -> Any:
-    observation = Observation(
+    observation = ReconcileObservation(
         generation=2,
         spec_error=None,
         deployment=body,

@@ -6,7 +6,7 @@ from typing import Any
 
 from kiln_operator import constants
 from kiln_operator.status import compute_status, find_condition, rollout_state, set_condition
-from kiln_operator.status.compute import ChildProblem, Observation
+from kiln_operator.status.compute import ChildProblem, ReconcileObservation
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 FOREIGN_CONDITION = {
@@ -49,8 +49,8 @@ def deployment(
 
 def observe(
     deploy: dict[str, Any] | None, error: str | None = None, generation: int = 1
-) -> Observation:
-    return Observation(
+) -> ReconcileObservation:
+    return ReconcileObservation(
         generation=generation,
         spec_error=error,
         deployment=deploy,

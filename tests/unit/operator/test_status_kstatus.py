@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kiln_operator import constants
-from kiln_operator.status.compute import ChildProblem, Observation, compute_status
+from kiln_operator.status.compute import ChildProblem, ReconcileObservation, compute_status
 from tests.unit.kube_objects import deployment, pod
 
 T0 = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -35,8 +35,8 @@ WARMUP_FAILED = {
 
 def observe(
     body: dict[str, Any] | None, *pods: dict[str, Any], min_replicas: int | None = 2
-) -> Observation:
-    return Observation(
+) -> ReconcileObservation:
+    return ReconcileObservation(
         generation=3,
         spec_error=None,
         deployment=body,
@@ -48,7 +48,7 @@ def observe(
     )
 
 
-def kstatus_conditions(observation: Observation) -> dict[str, dict[str, Any]]:
+def kstatus_conditions(observation: ReconcileObservation) -> dict[str, dict[str, Any]]:
     applied = compute_status({}, observation, T0).applied
     return {c["type"]: c for c in applied["conditions"]}
 
@@ -173,7 +173,7 @@ def test_reconciling_says_what_the_operator_waits_for_and_nothing_is_stalled(cas
     ],
     ids=["ready", "scaling up above the floor"],
 )
-def test_converged_is_neither_reconciling_nor_stalled(observation: Observation) -> None:
+def test_converged_is_neither_reconciling_nor_stalled(observation: ReconcileObservation) -> None:
     conditions = kstatus_conditions(observation)
     assert shape(conditions[constants.CONDITION_RECONCILING]) == ("False", "Converged", "")
     assert shape(conditions[constants.CONDITION_STALLED]) == ("False", "NotStalled", "")
