@@ -10,6 +10,8 @@ from typing import Any
 from kiln_operator import constants
 
 Manifest = dict[str, Any]
+"""A Kubernetes object (or part of one) as JSON: what the builders make, the API server returns
+and the cache holds. Declared here, in the pure core, for the builders and the k8s layer alike."""
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kiln_operator import constants
+from kiln_operator.builders.naming import Manifest
 
-Manifest = dict[str, Any]
 Key = tuple[str, str, str]
 """(plural, namespace, name)."""
 

@@ -15,10 +15,8 @@ import aiohttp
 from kubernetes_asyncio import client, config
 
 from kiln_operator import constants
+from kiln_operator.builders.naming import Manifest
 from kiln_operator.k8s.resources import Resource
-
-Manifest = dict[str, Any]
-
 
 APPLY_KINDS = {"inferenceservices": constants.KIND}
 """Kinds by plural, for the objects this client server-side-applies."""

@@ -9,8 +9,9 @@ A failure to post is logged, never a failed reconcile: events are notices, not s
 import logging
 from datetime import UTC, datetime
 
+from kiln_operator.builders.naming import Manifest
 from kiln_operator.constants import MANAGER
-from kiln_operator.k8s.client import ApiError, KubeClient, Manifest
+from kiln_operator.k8s.client import ApiError, KubeClient
 from kiln_operator.k8s.resources import EVENTS
 
 logger = logging.getLogger(__name__)

@@ -5,11 +5,11 @@ apart from the Namespace (Helm's `--create-namespace`) and Helm's own bookkeepin
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
+from kiln_operator.builders.naming import Manifest
 from tests.gotools import FIRST_BUILD_TEST_TIMEOUT, go_tool, kubectl
 from tests.integration.conftest import REPO
 
@@ -17,8 +17,6 @@ CHART = REPO / "manifests" / "charts" / "kiln"
 NAMESPACE = "kiln-system"
 HELM_LABELS = ("app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "helm.sh/chart")
 """The labels Helm charts conventionally add and kustomize's base has no counterpart of."""
-
-Manifest = dict[str, Any]
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,13 @@ import pytest
 from kubernetes_asyncio import client
 
 from kiln_operator import constants
+from kiln_operator.builders.naming import Manifest
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import (
     MAX_ANSWER,
     REQUEST_TIMEOUT_SECONDS,
     ApiError,
     KubeClient,
-    Manifest,
     NoAnswer,
 )
 from kiln_operator.k8s.reconciler import ChildrenNotApplied

@@ -7,8 +7,9 @@ import copy
 from typing import Any
 
 from kiln_operator import constants
+from kiln_operator.builders.naming import Manifest
 from kiln_operator.k8s.cache import ObjectCache
-from kiln_operator.k8s.client import ApiError, Manifest
+from kiln_operator.k8s.client import ApiError
 from kiln_operator.k8s.peering import ensure_peering_object
 from kiln_operator.k8s.reconciler import CONFLICT_ATTEMPTS, Reconciler
 from kiln_operator.k8s.resources import (
