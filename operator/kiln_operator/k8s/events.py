@@ -1,8 +1,21 @@
-"""Post a Kubernetes Event (core/v1) on an InferenceService.
+"""Post a Kubernetes Event (core/v1) on an object from outside kopf's handler context.
 
-Why it exists: the reconcile loop runs in work-queue workers, outside kopf's handler context,
-where `kopf.event` has no queue to post to. This creates the same Event kopf would: on the
-object, from the operator's component, so `kubectl describe` and `kubectl get events` show it.
+Why it exists: the reconcile loop's events (Ready, NotReady, InvalidSpec: decided by
+`status.compute`, posted by `handlers/inferenceservice.py`'s `_announce`) are posted from the
+work queue's workers, which the startup handler starts. kopf sets its event queue only in the
+tasks that handle one object's watch events, so there `kopf.event` has no queue to post to.
+
+Kiln posts events two ways, and this is one of them. The other is kopf's own `kopf.event` /
+`kopf.warn`, used from code that runs inside an object's handler: the autoscaler daemon
+(ScaledUp, ScaledDown, InvalidAutoscalerState on the InferenceService, `handlers/autoscaler.py`)
+and the warm-up gate (the failed verdict's reason on the Pod, `handlers/warmup_gate.py`). kopf
+queues those and posts them in the background, so neither loop waits on the API server.
+They stay two because moving either changes what is posted: kopf names its Events `kiln-…`,
+adds action, eventTime and reportingInstance, cuts a long message in the middle and posts with
+its own client; these are named `kiln-operator-…`, cut at the end and posted with the
+operator's client (user agent kiln-operator/…, counted as the operator's writes by the operator
+benchmark). Both put the same type, reason and involved object as the caller gives them.
+
 A failure to post is logged, never a failed reconcile: events are notices, not state.
 """
 
