@@ -1,4 +1,8 @@
-"""The Kubernetes resources the operator reads and writes, and their REST paths."""
+"""The Kubernetes resources the operator reads and writes, and their REST paths.
+
+Why it exists: the client is one JSON client for every kind; a resource is only its group,
+version and plural, named here once so no caller spells a URL.
+"""
 
 from dataclasses import dataclass
 

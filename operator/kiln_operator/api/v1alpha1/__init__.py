@@ -1,4 +1,8 @@
-"""serving.kiln.dev/v1alpha1: the InferenceService API, one module per part of the spec."""
+"""serving.kiln.dev/v1alpha1: the InferenceService API, one module per part of the spec.
+
+Why it exists: validation, the builders, the reconciler and crdgen import every model of this
+version from one place, whichever module declares it.
+"""
 
 from kiln_operator.api.v1alpha1.autoscaling import (
     AutoscalingSpec,
