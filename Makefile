@@ -89,7 +89,11 @@ image-operator: base-image ## Build the operator image from operator/Dockerfile 
 	tar -c --exclude=__pycache__ -C operator Dockerfile pyproject.toml kiln_operator -C $(CURDIR) constraints.txt \
 	  | bash e2e/docker/build.sh $(OPERATOR_IMAGE) --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE)
 
-.PHONY: help venv lock system-deps cluster-binaries cluster-up cluster-down docker-up lint typecheck check test test-unit demo e2e e2e-kind image-operator
+docs: ## Render docs/architecture.svg from docs/architecture.dot (Graphviz's dot)
+	@command -v dot >/dev/null || { echo "make docs needs Graphviz's dot: apt-get install -y graphviz"; exit 1; }
+	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
+
+.PHONY: help venv lock system-deps cluster-binaries cluster-up cluster-down docker-up lint typecheck check test test-unit demo e2e e2e-kind image-operator docs
 
 # ---- operator ----
 KUBECTL = $$(bash e2e/cluster/binaries.sh)/kubectl
