@@ -250,6 +250,8 @@ def write_report(results: dict[str, Any], path: Path) -> None:
         "  optimization a CPU deployment should use; triton (int8) serves the same quantized",
         "  TorchScript program (`bench/int8.py`), so each precision is compared like for like.",
         "  INT8 changes outputs slightly (max abs error ~1e-2 on this model).",
+        "- Abuse: what hostile clients cost (attack, peak RSS, probe p99, result) on both ports is",
+        "  in [runtime-abuse.md](runtime-abuse.md), from the runtime's integration tests.",
         "",
     ]
     path.write_text("\n".join(lines))
