@@ -81,20 +81,18 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
     checks: list[tuple[str, str, bool]] = []
     if "mlp" not in results["models"]:
         return checks
+    floors = [
+        (path, ALLOWED_REGRESSION * baseline,
+         f"{ALLOWED_REGRESSION * baseline:.2f}x Triton's (0.9 x the {baseline:.2f}x baseline)")
+        for path, baseline in BASELINE_RATIOS.items()
+    ] + [
+        (path, floor, f"{floor:.0f}x Triton's") for path, floor in USER_PATH_FLOORS.items()
+    ]  # fmt: skip
     for precision in ("fp32", "int8"):
-        for path, baseline in BASELINE_RATIOS.items():
-            floor = ALLOWED_REGRESSION * baseline
+        for path, floor, bound in floors:
             check = _ratio_check(
                 results, precision, path, floor,
-                f"MLP {PATH_NAMES[path]} {precision} vs {precision}: throughput at c=16 >= "
-                f"{floor:.2f}x Triton's (0.9 x the {baseline:.2f}x baseline)",
-            )  # fmt: skip
-            checks += [check] if check else []
-        for path, floor in USER_PATH_FLOORS.items():
-            check = _ratio_check(
-                results, precision, path, floor,
-                f"MLP {PATH_NAMES[path]} {precision} vs {precision}: throughput at c=16 >= "
-                f"{floor:.0f}x Triton's",
+                f"MLP {PATH_NAMES[path]} {precision} vs {precision}: throughput at c=16 >= {bound}",
             )  # fmt: skip
             checks += [check] if check else []
     for path in ("wrk", "h2load"):  # the target names no protocol: both are held to it

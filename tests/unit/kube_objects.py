@@ -14,10 +14,13 @@ def deployment(
     replicas: int = 2,
     updated: int = 2,
     available: int = 2,
+    ready: int | None = None,
+    observed: int | None = None,
     progressing: str = "NewReplicaSetAvailable",
     conditions: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A Deployment its controller has observed; ``conditions`` replaces the Available and
+    """A Deployment its controller has observed (``observed``, default ``generation``), with
+    ``ready`` pods (default ``available``); ``conditions`` replaces the Available and
     Progressing pair derived from ``available`` and ``progressing``."""
     if conditions is None:
         conditions = [
@@ -28,10 +31,10 @@ def deployment(
         "metadata": {"generation": generation},
         "spec": {"replicas": desired},
         "status": {
-            "observedGeneration": generation,
+            "observedGeneration": generation if observed is None else observed,
             "replicas": replicas,
             "updatedReplicas": updated,
-            "readyReplicas": available,
+            "readyReplicas": available if ready is None else ready,
             "availableReplicas": available,
             "conditions": conditions,
         },

@@ -7,6 +7,7 @@ from typing import Any
 from kiln_operator import constants
 from kiln_operator.status import compute_status, find_condition, rollout_state, set_condition
 from kiln_operator.status.compute import ChildProblem, ReconcileObservation
+from tests.unit import kube_objects
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 FOREIGN_CONDITION = {
@@ -22,29 +23,25 @@ FOREIGN_CONDITION = {
 def deployment(
     *,
     replicas: int = 2,
+    current: int | None = None,
     generation: int = 1,
     observed: int = 1,
     updated: int = 2,
     ready: int = 2,
     available: int = 2,
-    current: int | None = None,
     progressing_reason: str = "NewReplicaSetAvailable",
 ) -> dict[str, Any]:
-    return {
-        "metadata": {"generation": generation},
-        "spec": {"replicas": replicas},
-        "status": {
-            "observedGeneration": observed,
-            "replicas": replicas if current is None else current,
-            "updatedReplicas": updated,
-            "readyReplicas": ready,
-            "availableReplicas": available,
-            "conditions": [
-                {"type": "Available", "status": "True" if available >= 1 else "False"},
-                {"type": "Progressing", "status": "True", "reason": progressing_reason},
-            ],
-        },
-    }
+    """``replicas`` wanted, ``current`` existing (default: as many as wanted)."""
+    return kube_objects.deployment(
+        desired=replicas,
+        replicas=replicas if current is None else current,
+        generation=generation,
+        observed=observed,
+        updated=updated,
+        ready=ready,
+        available=available,
+        progressing=progressing_reason,
+    )
 
 
 def observe(
