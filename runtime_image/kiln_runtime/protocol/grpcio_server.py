@@ -15,11 +15,15 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from kiln_runtime import errors
 from kiln_runtime.config import Http2Limits
-from kiln_runtime.protocol.grpcserver import GrpcService, StreamMethod, UnaryMethod
+from kiln_runtime.protocol.grpcserver import (
+    GrpcService,
+    StreamMethod,
+    UnaryMethod,
+    parse_message,
+)
 
 _END = object()
 
@@ -36,14 +40,11 @@ def _unary(method: UnaryMethod) -> Callable[[bytes, grpc.aio.ServicerContext], A
     async def behaviour(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         try:
             try:
-                request = method.request_type.FromString(raw)
-            except DecodeError as error:
-                failure = errors.invalid(
-                    f"malformed {method.request_type.DESCRIPTOR.name}: {error}"
-                )
+                request = parse_message(method.request_type, raw)
+            except errors.InferError as failure:
                 if method.refused is not None:
                     method.refused(failure.kind.mapping.metric_code, 0.0)
-                raise failure from None
+                raise
             return await method.call(request, context.time_remaining())
         except errors.InferError as error:
             await context.abort(grpc.StatusCode[error.kind.mapping.grpc_code], error.message)

@@ -288,10 +288,16 @@ class GrpcService:
                 payload = await asyncio.to_thread(inflate, payload, self.max_message)
             else:
                 payload = inflate(payload, self.max_message)
-        try:
-            return request_type.FromString(payload)
-        except DecodeError as error:
-            raise errors.invalid(f"malformed {request_type.DESCRIPTOR.name}: {error}") from None
+        return parse_message(request_type, payload)
+
+
+def parse_message(request_type: Any, payload: bytes) -> Any:
+    """The request message from its bytes; malformed ones are INVALID_ARGUMENT naming the type,
+    on either transport."""
+    try:
+        return request_type.FromString(payload)
+    except DecodeError as error:
+        raise errors.invalid(f"malformed {request_type.DESCRIPTOR.name}: {error}") from None
 
 
 def _refuse(
