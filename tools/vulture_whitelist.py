@@ -28,6 +28,7 @@ _.inferenceservice_autoscaler
 _.warmup_gate_startup
 _.warmup_gate_cleanup
 _.pod_warmup_gate
+_.platform_object_changed
 
 # kopf reads the OperatorSettings the startup handler sets (handlers/inferenceservice.py).
 _.level

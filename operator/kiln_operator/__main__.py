@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from kiln_operator.handlers import (  # noqa: F401  (importing registers the handlers)
         autoscaler,
         inferenceservice,
+        platform,
         warmup_gate,
     )
 

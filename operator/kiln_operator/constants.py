@@ -19,6 +19,16 @@ SHORT_NAMES: Final = ("kis",)
 """`kis`, not `isvc`: KServe owns `isvc` and both may be installed in one cluster."""
 CATEGORIES: Final = ("kiln", "all")
 """`kubectl get kiln` lists every Kiln object; `kubectl get all` includes them."""
+PLATFORM_CATEGORIES: Final = ("kiln",)
+"""The platform's kinds (profiles, policies) are listed by `kubectl get kiln`, not `get all`."""
+CLUSTER_PROFILE_KIND: Final = "ClusterInferenceProfile"
+CLUSTER_PROFILE_PLURAL: Final = "clusterinferenceprofiles"
+PROFILE_KIND: Final = "InferenceProfile"
+PROFILE_PLURAL: Final = "inferenceprofiles"
+CLUSTER_POLICY_KIND: Final = "ClusterInferencePolicy"
+CLUSTER_POLICY_PLURAL: Final = "clusterinferencepolicies"
+POLICY_KIND: Final = "InferencePolicy"
+POLICY_PLURAL: Final = "inferencepolicies"
 
 # --- labels on every child object (selectors and `kubectl get -l` rely on them) ---------------
 LABEL_NAME: Final = "app.kubernetes.io/name"
@@ -98,6 +108,15 @@ REASON_INVALID_SPEC: Final = "InvalidSpec"
 """The spec failed validation; message names the field path."""
 REASON_VALID: Final = "Valid"
 """The spec passed every semantic check."""
+REASON_POLICY_VIOLATION: Final = "PolicyViolation"
+"""The resolved spec breaks a ClusterInferencePolicy or InferencePolicy; the message names the
+policy, the rule and the limit. Nothing running is changed: the service is frozen."""
+REASON_PROFILE_NOT_FOUND: Final = "ProfileNotFound"
+"""spec.profile names a profile that exists neither as a ClusterInferenceProfile nor as an
+InferenceProfile of the namespace; nothing running is changed."""
+REASON_PROFILE_INVALID: Final = "ProfileInvalid"
+"""A profile the service resolves against does not parse (it was stored under an older schema);
+the message names it; nothing running is changed."""
 REASON_AVAILABLE: Final = "Available"
 """Every desired replica of the current revision is ready and available."""
 REASON_ROLLOUT_IN_PROGRESS: Final = "RolloutInProgress"
@@ -164,4 +183,3 @@ REASON_STALLED: Final = "Stalled"
 # --- event reasons ------------------------------------------------------------------------------
 EVENT_READY: Final = "Ready"
 EVENT_NOT_READY: Final = "NotReady"
-EVENT_INVALID_SPEC: Final = REASON_INVALID_SPEC

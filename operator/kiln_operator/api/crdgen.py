@@ -1,4 +1,4 @@
-"""Generate the InferenceService CustomResourceDefinition from the pydantic models.
+"""Generate Kiln's CustomResourceDefinitions from the pydantic models.
 
 Why it exists: the models are the single source of truth; this turns their JSON Schema into a
 *structural* OpenAPI v3 schema the API server accepts (no $ref, no titles, no
@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from kiln_operator import constants
 from kiln_operator.api.v1alpha1 import InferenceServiceSpec, InferenceServiceStatus
+from kiln_operator.api.v1alpha1.profile import InferencePolicySpec, ProfileDefaults, ProfileSpec
 
 JsonSchema = dict[str, Any]
 
@@ -142,70 +143,186 @@ def openapi_schema(model: type[BaseModel]) -> JsonSchema:
     return _structural(_resolve(raw, definitions))
 
 
-def build_crd() -> dict[str, Any]:
-    """The InferenceService CustomResourceDefinition as a dict."""
-    spec_schema = openapi_schema(InferenceServiceSpec)
-    status_schema = openapi_schema(InferenceServiceStatus)
+def _drop_inherited_required(node: JsonSchema, defaults: JsonSchema) -> None:
+    """A field a profile may provide is not required by the InferenceService's schema: the
+    operator requires it of the resolved spec instead (Ready=False, InvalidSpec)."""
+    provided = defaults.get("properties") or {}
+    required = [key for key in node.get("required") or [] if key not in provided]
+    if required:
+        node["required"] = required
+    else:
+        node.pop("required", None)
+    for key, schema in provided.items():
+        child = (node.get("properties") or {}).get(key)
+        if child is not None and child.get("type") == "object":
+            _drop_inherited_required(child, schema)
+
+
+def inference_service_spec_schema() -> JsonSchema:
+    """The InferenceService's spec schema: the model's, less what a profile may provide."""
+    schema = openapi_schema(InferenceServiceSpec)
+    _drop_inherited_required(schema, openapi_schema(ProfileDefaults))
+    return schema
+
+
+def _crd(
+    *,
+    kind: str,
+    plural: str,
+    singular: str,
+    scope: str,
+    description: str,
+    schema_properties: JsonSchema,
+    printer_columns: list[dict[str, Any]],
+    short_names: tuple[str, ...] = (),
+    categories: tuple[str, ...] = constants.PLATFORM_CATEGORIES,
+    subresources: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    names: dict[str, Any] = {
+        "kind": kind,
+        "listKind": f"{kind}List",
+        "plural": plural,
+        "singular": singular,
+    }
+    if short_names:
+        names["shortNames"] = list(short_names)
+    names["categories"] = list(categories)
+    version: dict[str, Any] = {"name": constants.VERSION, "served": True, "storage": True}
+    if subresources is not None:
+        version["subresources"] = subresources
+    version["additionalPrinterColumns"] = printer_columns
+    version["schema"] = {
+        "openAPIV3Schema": {
+            "type": "object",
+            "description": description,
+            "required": ["spec"],
+            "properties": {
+                "apiVersion": {"type": "string", "description": "Versioned schema of this object."},
+                "kind": {"type": "string", "description": "REST resource this object represents."},
+                "metadata": {"type": "object"},
+                **schema_properties,
+            },
+        }
+    }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{constants.PLURAL}.{constants.GROUP}",
+            "name": f"{plural}.{constants.GROUP}",
             "labels": {constants.LABEL_PART_OF: "kiln"},
         },
         "spec": {
             "group": constants.GROUP,
-            "scope": "Namespaced",
-            "names": {
-                "kind": constants.KIND,
-                "listKind": f"{constants.KIND}List",
-                "plural": constants.PLURAL,
-                "singular": constants.SINGULAR,
-                "shortNames": list(constants.SHORT_NAMES),
-                "categories": list(constants.CATEGORIES),
-            },
-            "versions": [
-                {
-                    "name": constants.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {
-                        "status": {},
-                        "scale": {
-                            "specReplicasPath": ".spec.autoscaling.minReplicas",
-                            "statusReplicasPath": ".status.replicas",
-                            "labelSelectorPath": ".status.selector",
-                        },
-                    },
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": (
-                                "A model served on GPUs behind one endpoint (HTTP and gRPC, "
-                                "Open Inference Protocol), kept within a p99 latency SLO by "
-                                "autoscaling and scheduled pre-warming."
-                            ),
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {
-                                    "type": "string",
-                                    "description": "Versioned schema of this object.",
-                                },
-                                "kind": {
-                                    "type": "string",
-                                    "description": "REST resource this object represents.",
-                                },
-                                "metadata": {"type": "object"},
-                                "spec": spec_schema,
-                                "status": {**status_schema, "default": UNOBSERVED_STATUS},
-                            },
-                        }
-                    },
-                }
-            ],
+            "scope": scope,
+            "names": names,
+            "versions": [version],
         },
     }
+
+
+def build_crd() -> dict[str, Any]:
+    """The InferenceService CustomResourceDefinition as a dict."""
+    return _crd(
+        kind=constants.KIND,
+        plural=constants.PLURAL,
+        singular=constants.SINGULAR,
+        scope="Namespaced",
+        description=(
+            "A model served on GPUs behind one endpoint (HTTP and gRPC, Open Inference "
+            "Protocol), kept within a p99 latency SLO by autoscaling and scheduled pre-warming."
+        ),
+        schema_properties={
+            "spec": inference_service_spec_schema(),
+            "status": {
+                **openapi_schema(InferenceServiceStatus),
+                "default": UNOBSERVED_STATUS,
+            },
+        },
+        printer_columns=PRINTER_COLUMNS,
+        short_names=constants.SHORT_NAMES,
+        categories=constants.CATEGORIES,
+        subresources={
+            "status": {},
+            "scale": {
+                "specReplicasPath": ".spec.autoscaling.minReplicas",
+                "statusReplicasPath": ".status.replicas",
+                "labelSelectorPath": ".status.selector",
+            },
+        },
+    )
+
+
+def _column(name: str, kind: str, path: str, description: str) -> dict[str, Any]:
+    return {"name": name, "type": kind, "jsonPath": path, "description": description}
+
+
+AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+PROFILE_COLUMNS: list[dict[str, Any]] = [
+    _column("Image", "string", ".spec.defaults.runtime.image", "Default runtime image."),
+    _column("GPUs", "integer", ".spec.defaults.resources.gpuCount", "Default GPUs per pod."),
+    _column("P99", "number", ".spec.defaults.slo.p99LatencyMilliseconds", "Default p99 SLO (ms)."),
+    _column(
+        "Max-Replicas",
+        "integer",
+        ".spec.defaults.autoscaling.maxReplicas",
+        "Default replica ceiling.",
+    ),
+    _column("Description", "string", ".spec.description", "What the profile is for."),
+    AGE_COLUMN,
+]
+POLICY_COLUMNS: list[dict[str, Any]] = [
+    _column("GPUs/Pod", "integer", ".spec.maxGpusPerPod", "Most GPUs per pod."),
+    _column("GPUs/Service", "integer", ".spec.maxGpusPerService", "Most GPUs per service."),
+    _column("Max-Replicas", "integer", ".spec.maxReplicas", "Most replicas per service."),
+    _column("Images", "string", ".spec.allowedImages", "Allowed runtime image prefixes."),
+    _column("Sources", "string", ".spec.allowedModelUriSchemes", "Allowed model URI schemes."),
+    AGE_COLUMN,
+]
+PLATFORM_KINDS: dict[str, tuple[str, str, str, str]] = {
+    constants.CLUSTER_PROFILE_KIND: (
+        constants.CLUSTER_PROFILE_PLURAL,
+        "Cluster",
+        "profile",
+        "The platform's defaults for InferenceServices: the fields a service leaves out take "
+        "these values (a namespace's InferenceProfile of the same name comes first).",
+    ),
+    constants.PROFILE_KIND: (
+        constants.PROFILE_PLURAL,
+        "Namespaced",
+        "profile",
+        "A team's defaults for the InferenceServices of its namespace: overrides the "
+        "ClusterInferenceProfile of the same name there.",
+    ),
+    constants.CLUSTER_POLICY_KIND: (
+        constants.CLUSTER_POLICY_PLURAL,
+        "Cluster",
+        "policy",
+        "Limits every InferenceService of the cluster must keep (GPUs, replicas, images, model "
+        "sources, Prometheus endpoints); a service that breaks one is refused and frozen.",
+    ),
+    constants.POLICY_KIND: (
+        constants.POLICY_PLURAL,
+        "Namespaced",
+        "policy",
+        "Narrower limits for the InferenceServices of one namespace; enforced together with "
+        "every ClusterInferencePolicy, so it can never widen one.",
+    ),
+}
+
+
+def build_platform_crd(kind: str) -> dict[str, Any]:
+    """The CRD of one of the platform's kinds (profiles and policies) as a dict."""
+    plural, scope, shape, description = PLATFORM_KINDS[kind]
+    profile = shape == "profile"
+    return _crd(
+        kind=kind,
+        plural=plural,
+        singular=kind.lower(),
+        scope=scope,
+        description=description,
+        schema_properties={"spec": openapi_schema(ProfileSpec if profile else InferencePolicySpec)},
+        printer_columns=PROFILE_COLUMNS if profile else POLICY_COLUMNS,
+    )
 
 
 def peering_crd_file_name(scope: str) -> str:
@@ -276,6 +393,16 @@ def render_crd() -> str:
     return HEADER + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
 
 
+def render_platform_crd(kind: str) -> str:
+    """A profile or policy CRD as YAML text."""
+    return HEADER + yaml.safe_dump(build_platform_crd(kind), sort_keys=False, width=100)
+
+
+def platform_crd_file_name(kind: str) -> str:
+    """File name of a profile or policy CRD."""
+    return f"{constants.GROUP}_{PLATFORM_KINDS[kind][0]}.yaml"
+
+
 def render_peering_crd(scope: str) -> str:
     """A peering CRD as YAML text."""
     return HEADER + yaml.safe_dump(build_peering_crd(scope), sort_keys=False, width=100)
@@ -288,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     files = {CRD_FILE_NAME: render_crd()}
+    files.update(
+        {platform_crd_file_name(kind): render_platform_crd(kind) for kind in PLATFORM_KINDS}
+    )
     files.update(
         {peering_crd_file_name(scope): render_peering_crd(scope) for scope in PEERING_KINDS}
     )

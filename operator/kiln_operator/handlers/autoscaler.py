@@ -9,7 +9,6 @@ and how late: the status itself is written only on a change.
 """
 
 import datetime
-import os
 import time
 from typing import Any
 
@@ -17,12 +16,10 @@ import kopf
 from prometheus_client import Counter, Histogram
 
 from kiln_operator import constants
-from kiln_operator.handlers.inferenceservice import WARMUP_BUDGET_BYTES
+from kiln_operator.handlers.inferenceservice import PROMETHEUS_URL
 from kiln_operator.k8s.autoscaler import Autoscaler
 from kiln_operator.k8s.client import ApiError
 
-PROMETHEUS_URL = os.environ.get("KILN_PROMETHEUS_URL") or None
-"""The operator's default Prometheus; `spec.autoscaling.prometheusUrl` overrides it."""
 RETRY_SECONDS = 15.0
 
 EVALUATIONS = Counter(
@@ -58,7 +55,7 @@ def shared_autoscaler(memo: Any) -> Autoscaler:
     by every service's loop."""
     slot: dict[str, Autoscaler] = memo.shared_autoscaler
     if SHARED not in slot:
-        slot[SHARED] = Autoscaler(memo.kube, memo.cache, PROMETHEUS_URL, WARMUP_BUDGET_BYTES)
+        slot[SHARED] = Autoscaler(memo.kube, memo.cache, PROMETHEUS_URL, memo.platform)
     return slot[SHARED]
 
 

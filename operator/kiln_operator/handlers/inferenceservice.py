@@ -23,6 +23,7 @@ from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import KubeClient, load_configuration
 from kiln_operator.k8s.events import post_event
 from kiln_operator.k8s.peering import ensure_peering_object
+from kiln_operator.k8s.platform import PlatformObjects
 from kiln_operator.k8s.reconciler import ChildrenNotApplied, Outcome, Reconciler
 from kiln_operator.k8s.workqueue import Request, WorkQueue
 
@@ -40,6 +41,17 @@ WARMUP_BUDGET_BYTES = int(
 )
 """Bytes of warm-up tensor data the operator holds at once, all services together; a spec
 whose single warm-up request needs more is refused (InvalidSpec naming spec.model.inputs)."""
+PROMETHEUS_URL = os.environ.get("KILN_PROMETHEUS_URL") or None
+"""The operator's default Prometheus; `spec.autoscaling.prometheusUrl` overrides it where the
+platform's policies allow."""
+ALLOWED_PROMETHEUS_URLS = tuple(
+    entry.strip()
+    for entry in os.environ.get("KILN_ALLOWED_PROMETHEUS_URLS", "").split(",")
+    if entry.strip()
+)
+"""Prometheus endpoints a service may name besides the operator's own, comma-separated (see
+InferencePolicy's allowedPrometheusUrls for the matching rule); ClusterInferencePolicies add
+their own. Empty: services may name only the Prometheus URLs the platform set elsewhere."""
 RECONCILE_COMPONENT = "reconcile"
 """User agent suffix of the reconcile loop's API client (kiln-operator/reconcile)."""
 CHILD_LABELS = {constants.LABEL_MANAGED_BY: constants.MANAGER}
@@ -61,7 +73,9 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     memo.kube = KubeClient(configuration)
     memo.reconcile_kube = KubeClient(configuration, component=RECONCILE_COMPONENT)
     memo.cache = ObjectCache()
-    memo.reconciler = Reconciler(memo.reconcile_kube, memo.cache, WARMUP_BUDGET_BYTES)
+    memo.platform = PlatformObjects(PROMETHEUS_URL, ALLOWED_PROMETHEUS_URLS, WARMUP_BUDGET_BYTES)
+    await memo.platform.prime(memo.kube, list(memo.get("namespaces") or []) or None)
+    memo.reconciler = Reconciler(memo.reconcile_kube, memo.cache, memo.platform)
 
     async def reconcile(namespace: str, name: str, request: Request) -> None:
         outcome = await memo.reconciler.reconcile(namespace, name, fresh=request.fresh)

@@ -21,10 +21,10 @@ import kopf
 from prometheus_client import Counter, Histogram, start_http_server
 
 from kiln_operator import constants
-from kiln_operator.api.validation import SpecError, parse_spec
 from kiln_operator.handlers.inferenceservice import WARMUP_BUDGET_BYTES
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, KubeClient
+from kiln_operator.k8s.platform import PlatformObjects
 from kiln_operator.k8s.resources import INFERENCE_SERVICES, PODS
 from kiln_operator.status.download import model_download, model_download_failure
 from kiln_operator.warmup import plan as warmup
@@ -136,7 +136,14 @@ async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> No
     if uid in tasks or not needs_warmup(pod):
         return
     task = asyncio.create_task(
-        _warm_up(memo.kube, memo.cache, memo.warmup_budget, memo.downloads_observed, pod),
+        _warm_up(
+            memo.kube,
+            memo.cache,
+            memo.warmup_budget,
+            memo.downloads_observed,
+            pod,
+            platform=memo.platform,
+        ),
         name=f"warm-up {uid}",
     )
     tasks[uid] = task
@@ -197,6 +204,8 @@ async def _warm_up(
     budget: ByteBudget,
     downloads_observed: set[str],
     pod: dict[str, Any],
+    *,
+    platform: PlatformObjects,
 ) -> None:
     meta = pod["metadata"]
     namespace, name = meta["namespace"], meta["name"]
@@ -208,6 +217,7 @@ async def _warm_up(
             budget,
             downloads_observed,
             pod,
+            platform=platform,
             namespace=namespace,
             name=name,
             service=service,
@@ -228,6 +238,7 @@ async def _gate(
     downloads_observed: set[str],
     pod: dict[str, Any],
     *,
+    platform: PlatformObjects,
     namespace: str,
     name: str,
     service: str,
@@ -235,8 +246,8 @@ async def _gate(
     owner = await kube.get(INFERENCE_SERVICES, namespace, service)
     if owner is None:
         return
-    spec = parse_spec(service, owner.get("spec"), warmup_budget_bytes=budget.capacity)
-    if isinstance(spec, SpecError):
+    spec = platform.effective(owner, budget.capacity).spec
+    if spec is None:
         return  # the reconcile loop reports it; the last valid template keeps its pods
     plan = warmup.plan_for(spec, spec.model_name(service))
 

@@ -22,7 +22,6 @@ from typing import Any
 
 from kiln_operator import constants
 from kiln_operator.api.v1alpha1.autoscaling import AutoscalingStatus
-from kiln_operator.api.validation import DEFAULT_WARMUP_BUDGET_BYTES, SpecError, parse_spec
 from kiln_operator.autoscaling.deletion_cost import DELETION_COST_ANNOTATION, deletion_costs
 from kiln_operator.autoscaling.policy import Decision, MetricsObservation, ScalingSpec, decide
 from kiln_operator.autoscaling.prometheus import PrometheusSource, observation
@@ -30,6 +29,7 @@ from kiln_operator.autoscaling.quiet import state_needs_write, status_needs_writ
 from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import KubeClient
+from kiln_operator.k8s.platform import PlatformObjects
 from kiln_operator.k8s.resources import DEPLOYMENTS, INFERENCE_SERVICES, PODS
 from kiln_operator.status.conditions import find_condition, set_condition
 from kiln_operator.warmup.podstate import summarize
@@ -84,14 +84,18 @@ class Autoscaler:
         kube: KubeClient,
         cache: ObjectCache,
         default_prometheus_url: str | None,
-        warmup_budget_bytes: int = DEFAULT_WARMUP_BUDGET_BYTES,
+        platform: PlatformObjects | None = None,
     ) -> None:
         self.kube = kube
         self.cache = cache
         self.default_prometheus_url = default_prometheus_url
-        self.warmup_budget_bytes = warmup_budget_bytes
-        """The operator's warm-up budget: the spec is judged valid exactly as the reconcile
-        judges it."""
+        self.platform = (
+            platform
+            if platform is not None
+            else PlatformObjects(operator_prometheus_url=default_prometheus_url)
+        )
+        """The profiles and policies: the spec is resolved and judged exactly as the reconcile
+        resolves and judges it."""
         self.sources: dict[str, PrometheusSource] = {}
         self._memory: dict[tuple[str, str], tuple[str | None, ScalerState]] = {}
         self._own_versions: dict[tuple[str, str], deque[str]] = {}
@@ -128,9 +132,11 @@ class Autoscaler:
         body = self.cache.get(INFERENCE_SERVICES.plural, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
-        spec = parse_spec(name, body.get("spec"), warmup_budget_bytes=self.warmup_budget_bytes)
-        if isinstance(spec, SpecError):
-            return None  # the reconcile loop reports it; replicas stay as they are
+        spec = self.platform.effective(body).spec
+        if spec is None:
+            # invalid, against a policy or its profile missing: the reconcile loop reports it,
+            # and the service is frozen (replicas stay as they are)
+            return None
         deployment = self.cache.get(DEPLOYMENTS.plural, namespace, name)
         if deployment is None:
             return None  # the reconcile loop creates it; its watch delivers it

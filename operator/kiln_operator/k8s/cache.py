@@ -101,6 +101,14 @@ class ObjectCache:
         parsed: Manifest = json.loads(held[1])
         return parsed
 
+    def names(self, plural: str, namespace: str | None = None) -> list[tuple[str, str]]:
+        """(namespace, name) of every object of `plural` seen, of `namespace` only if given."""
+        return [
+            (ns, name)
+            for kind, ns, name in self._objects
+            if kind == plural and (namespace is None or ns == namespace)
+        ]
+
     def pods_of(self, namespace: str, service: str) -> list[Manifest]:
         """Private copies of the pods seen with the InferenceService's label."""
         names = sorted(self._pods_by_service.get((namespace, service), ()))

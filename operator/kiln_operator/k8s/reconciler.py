@@ -25,7 +25,6 @@ from datetime import UTC, datetime
 
 from kiln_operator import constants
 from kiln_operator.api.v1alpha1 import InferenceServiceSpec
-from kiln_operator.api.validation import DEFAULT_WARMUP_BUDGET_BYTES, SpecError, parse_spec
 from kiln_operator.builders import (
     Owner,
     build_deployment,
@@ -39,6 +38,7 @@ from kiln_operator.builders.pdb import wants_pdb
 from kiln_operator.constants import MANAGER
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, KubeClient, RequestFailed
+from kiln_operator.k8s.platform import PlatformObjects
 from kiln_operator.k8s.resources import (
     CRDS,
     DEPLOYMENTS,
@@ -76,7 +76,8 @@ class Outcome:
     """The InferenceService as read at the start (events are posted on it)."""
     writes: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-    spec_error: SpecError | None = None
+    spec_error: str | None = None
+    """Why the spec cannot run (invalid, a policy broken, a profile missing), else None."""
     child_problems: list[ChildProblem] = field(default_factory=list)
     """Children not written: held by another object, refused or failed by the API server."""
 
@@ -97,11 +98,11 @@ class Reconciler:
         self,
         kube: KubeClient,
         cache: ObjectCache,
-        warmup_budget_bytes: int = DEFAULT_WARMUP_BUDGET_BYTES,
+        platform: PlatformObjects | None = None,
     ) -> None:
         self._kube = kube
         self._cache = cache
-        self._warmup_budget_bytes = warmup_budget_bytes
+        self._platform = platform if platform is not None else PlatformObjects()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._written: dict[tuple[str, str, str], str] = {}
         self._service_monitors: tuple[float, bool] | None = None
@@ -171,19 +172,20 @@ class Reconciler:
         owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
         outcome = Outcome(body=body)
         deployment = await self._read_deployment(owner, outcome, fresh)
-        parsed = parse_spec(
-            owner.name, body.get("spec"), warmup_budget_bytes=self._warmup_budget_bytes
-        )
-        if isinstance(parsed, SpecError):
-            outcome.spec_error = parsed
+        effective = self._platform.effective(body)
+        parsed = effective.spec
+        if parsed is None:
+            outcome.spec_error = effective.message
         else:
             deployment = await self._apply_children(parsed, owner, deployment, outcome, fresh)
         observation = ReconcileObservation(
             generation=int(meta.get("generation") or 0),
-            spec_error=None if outcome.spec_error is None else outcome.spec_error.message,
+            spec_error=outcome.spec_error,
+            spec_error_reason=effective.reason or constants.REASON_INVALID_SPEC,
+            profiles=tuple(profile.as_status() for profile in effective.profiles),
             child_problems=tuple(outcome.child_problems),
             pods=tuple(self._cache.pods_of(owner.namespace, owner.name)),
-            min_replicas=None if isinstance(parsed, SpecError) else parsed.autoscaling.min_replicas,
+            min_replicas=None if parsed is None else parsed.autoscaling.min_replicas,
             deployment=deployment,
             selector=label_selector_string(owner.name),
             url=http_url(owner),

@@ -45,3 +45,13 @@ SERVICE_MONITOR_CRD = (
 )
 CLUSTER_PEERINGS = Resource("kopf.dev", "v1", "clusterkopfpeerings", namespaced=False)
 NAMESPACED_PEERINGS = Resource("kopf.dev", "v1", "kopfpeerings")
+CLUSTER_PROFILES = Resource(
+    constants.GROUP, constants.VERSION, constants.CLUSTER_PROFILE_PLURAL, namespaced=False
+)
+PROFILES = Resource(constants.GROUP, constants.VERSION, constants.PROFILE_PLURAL)
+CLUSTER_POLICIES = Resource(
+    constants.GROUP, constants.VERSION, constants.CLUSTER_POLICY_PLURAL, namespaced=False
+)
+POLICIES = Resource(constants.GROUP, constants.VERSION, constants.POLICY_PLURAL)
+PLATFORM_RESOURCES = (CLUSTER_PROFILES, PROFILES, CLUSTER_POLICIES, POLICIES)
+"""The platform's profiles and policies, which every InferenceService is resolved against."""

@@ -27,6 +27,9 @@ OWNED_CONDITION_TYPES = (
 STALLED_REASONS = frozenset(
     {
         constants.REASON_INVALID_SPEC,
+        constants.REASON_POLICY_VIOLATION,
+        constants.REASON_PROFILE_NOT_FOUND,
+        constants.REASON_PROFILE_INVALID,
         constants.REASON_CHILD_REJECTED,
         constants.REASON_ROLLOUT_STALLED,
         constants.REASON_PROGRESS_DEADLINE_EXCEEDED,
@@ -86,7 +89,7 @@ class ReconcileObservation:
 
     generation: int
     spec_error: str | None
-    """None when the spec is valid, else the message naming the field."""
+    """None when the spec can run, else the message naming the field, policy or profile."""
     deployment: dict[str, Any] | None
     """The live Deployment (with status), or None when it does not exist."""
     selector: str
@@ -100,6 +103,10 @@ class ReconcileObservation:
     """spec.autoscaling.minReplicas of the valid spec; None while the spec is invalid."""
     download_failure: str | None = None
     """A pod's fetch init container's failure (status.download), else None."""
+    spec_error_reason: str = constants.REASON_INVALID_SPEC
+    """Why the spec cannot run: InvalidSpec, PolicyViolation, ProfileNotFound, ProfileInvalid."""
+    profiles: tuple[dict[str, Any], ...] = ()
+    """status.profiles: the profiles the spec was resolved against."""
 
 
 def _conditions(
@@ -132,7 +139,7 @@ def _conditions(
             conditions,
             constants.CONDITION_SPEC_VALID,
             False,
-            constants.REASON_INVALID_SPEC,
+            observation.spec_error_reason,
             observation.spec_error,
         )
 
@@ -256,7 +263,7 @@ def _conditions(
         )
         ready = (False, first.reason, message)
     if observation.spec_error is not None:
-        ready = (False, constants.REASON_INVALID_SPEC, observation.spec_error)
+        ready = (False, observation.spec_error_reason, observation.spec_error)
     conditions = put(conditions, constants.CONDITION_READY, *ready)
     stalled, reconciling = _kstatus(ready, floor, deadline_exceeded)
     conditions = put(conditions, constants.CONDITION_STALLED, *stalled)
@@ -312,7 +319,7 @@ def _events(previous: list[ConditionDict], current: list[ConditionDict]) -> list
             != ("False", new_valid["message"])
         )
     ):
-        events.append(Event("Warning", constants.EVENT_INVALID_SPEC, new_valid["message"]))
+        events.append(Event("Warning", new_valid["reason"], new_valid["message"]))
     old_ready = find_condition(previous, constants.CONDITION_READY)
     new_ready = find_condition(current, constants.CONDITION_READY)
     if (
@@ -365,9 +372,11 @@ def compute_status(
         "url": observation.url,
         "grpcAddress": observation.grpc_address,
     }
+    if observation.profiles or previous.get("profiles"):
+        desired["profiles"] = list(observation.profiles) or None
     patch = {key: value for key, value in desired.items() if previous.get(key) != value}
-    applied = {
-        **desired,
+    applied = {  # a field left out of a server-side apply is removed (status.profiles)
+        **{key: value for key, value in desired.items() if value is not None},
         "conditions": [c for c in conditions if c["type"] in OWNED_CONDITION_TYPES],
     }
     return StatusUpdate(

@@ -39,7 +39,9 @@ def kiln_crds(cluster: Cluster) -> Cluster:
     cluster.kubectl(
         "wait", "--for=condition=Established", "--timeout=60s",
         "crd/inferenceservices.serving.kiln.dev", "crd/kopfpeerings.kopf.dev",
-        "crd/clusterkopfpeerings.kopf.dev",
+        "crd/clusterkopfpeerings.kopf.dev", "crd/clusterinferenceprofiles.serving.kiln.dev",
+        "crd/inferenceprofiles.serving.kiln.dev", "crd/clusterinferencepolicies.serving.kiln.dev",
+        "crd/inferencepolicies.serving.kiln.dev",
     )  # fmt: skip
     return cluster
 
@@ -89,6 +91,8 @@ class OperatorProcess:
             "KILN_RESYNC_SECONDS": str(resync_seconds),
             "KILN_PEERING_LIFETIME_SECONDS": "10",
             "KILN_LIVENESS": liveness or "",
+            # the tests' Prometheus servers listen on loopback, each on its own port
+            "KILN_ALLOWED_PROMETHEUS_URLS": "http://127.0.0.1",
         }
         env.pop("KUBERNETES_SERVICE_HOST", None)
         self._log_file = log.open("w")

@@ -33,10 +33,15 @@ def test_committed_crds_are_what_the_models_generate() -> None:
     assert sorted(p.name for p in CRDS.iterdir()) == sorted(
         [crdgen.CRD_FILE_NAME, crdgen.KUSTOMIZATION]
         + [crdgen.peering_crd_file_name(scope) for scope in crdgen.PEERING_KINDS]
+        + [crdgen.platform_crd_file_name(kind) for kind in crdgen.PLATFORM_KINDS]
     )
     for scope in crdgen.PEERING_KINDS:
         assert (CRDS / crdgen.peering_crd_file_name(scope)).read_text() == (
             crdgen.render_peering_crd(scope)
+        )
+    for kind in crdgen.PLATFORM_KINDS:
+        assert (CRDS / crdgen.platform_crd_file_name(kind)).read_text() == (
+            crdgen.render_platform_crd(kind)
         )
 
 
@@ -54,25 +59,35 @@ def test_crdgen_writes_every_file(tmp_path: Path) -> None:
     assert sorted(listed) == sorted(
         p.name for p in tmp_path.iterdir() if p.name != crdgen.KUSTOMIZATION
     )
-    assert len(listed) == 3
+    assert len(listed) == 7
+
+
+def platform_schemas() -> list[dict[str, Any]]:
+    return [
+        crdgen.build_platform_crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for kind in crdgen.PLATFORM_KINDS
+    ]
 
 
 def test_every_field_has_a_description() -> None:
-    schema = version()["schema"]["openAPIV3Schema"]
-    undocumented = [
-        path
-        for path, node in walk(schema)
-        if path
-        and path != ".metadata"
-        and not path.endswith(("[]", "{}"))
-        and not node.get("description")
-    ]
-    assert undocumented == []
+    for schema in [version()["schema"]["openAPIV3Schema"], *platform_schemas()]:
+        undocumented = [
+            path
+            for path, node in walk(schema)
+            if path
+            and path != ".metadata"
+            and not path.endswith(("[]", "{}"))
+            and not node.get("description")
+        ]
+        assert undocumented == []
 
 
 def test_the_schema_is_structural() -> None:
-    schema = version()["schema"]["openAPIV3Schema"]
-    for path, node in walk(schema):
+    for path, node in (
+        pair
+        for schema in [version()["schema"]["openAPIV3Schema"], *platform_schemas()]
+        for pair in walk(schema)
+    ):
         assert "$ref" not in node, path
         assert "anyOf" not in node, path
         assert "allOf" not in node, path
@@ -86,10 +101,29 @@ def test_the_schema_is_structural() -> None:
 
 def test_optional_fields_are_nullable_and_required_ones_required() -> None:
     spec = version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert set(spec["required"]) == {"model", "runtime", "slo"}
+    assert set(spec["required"]) == {"model"}  # runtime and slo may come from a profile
+    assert "required" not in spec["properties"]["runtime"]  # nor runtime.image
+    assert "required" not in spec["properties"]["slo"]
     model = spec["properties"]["model"]
     assert model["properties"]["name"]["nullable"] is True
     assert set(model["required"]) == {"uri", "format", "inputs", "outputs"}
+
+
+def test_a_profile_offers_the_spec_parts_it_fills_with_their_bounds() -> None:
+    profile = crdgen.build_platform_crd("ClusterInferenceProfile")
+    assert profile["spec"]["scope"] == "Cluster"
+    schema = profile["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    defaults = schema["properties"]["spec"]["properties"]["defaults"]["properties"]
+    assert set(defaults) == {
+        "runtime", "resources", "warmup", "slo", "autoscaling", "prewarm", "drain",
+    }  # fmt: skip
+    assert "schedules" not in defaults["prewarm"]["properties"]
+    batch = defaults["runtime"]["properties"]["batching"]["properties"]["maxBatchSize"]
+    assert (batch["minimum"], batch["maximum"], batch.get("default")) == (1, 4096, None)
+    policy = crdgen.build_platform_crd("InferencePolicy")
+    assert policy["spec"]["scope"] == "Namespaced"
+    columns = [c["name"] for c in policy["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert columns[:3] == ["GPUs/Pod", "GPUs/Service", "Max-Replicas"]
 
 
 def test_scalar_defaults_are_published_and_object_defaults_are_not() -> None:

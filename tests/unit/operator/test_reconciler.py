@@ -197,7 +197,7 @@ async def test_an_invalid_spec_changes_no_child_and_reports_the_field() -> None:
     kube.writes.clear()
     outcome = await reconciler(kube).reconcile(NAMESPACE, "mlp")
     assert outcome.spec_error is not None
-    assert "spec.autoscaling: minReplicas (5)" in outcome.spec_error.message
+    assert "spec.autoscaling: minReplicas (5)" in outcome.spec_error
     assert kube.writes == [("status", "inferenceservices")]
     after = {
         plural: obj

@@ -169,7 +169,9 @@ def test_invalid_spec_is_not_ready_names_the_field_and_warns_once() -> None:
     assert condition(first.patch, constants.CONDITION_SPEC_VALID)["status"] == "False"
     # the running Deployment is still reported: the last valid spec keeps serving
     assert condition(first.patch, constants.CONDITION_DEPLOYMENT_AVAILABLE)["status"] == "True"
-    assert [(e.type, e.reason) for e in first.events] == [("Warning", constants.EVENT_INVALID_SPEC)]
+    assert [(e.type, e.reason) for e in first.events] == [
+        ("Warning", constants.REASON_INVALID_SPEC)
+    ]
     again = compute_status(
         first.patch, observe(deployment(), error=message), T0 + timedelta(minutes=1)
     )

@@ -20,7 +20,8 @@ from kiln_operator.api.v1alpha1.autoscaling import (
 from kiln_operator.api.v1alpha1.base import ApiModel
 from kiln_operator.api.v1alpha1.conditions import Condition
 from kiln_operator.api.v1alpha1.drain import DrainSpec
-from kiln_operator.api.v1alpha1.model import ModelSpec
+from kiln_operator.api.v1alpha1.model import DNS_SUBDOMAIN, ModelSpec
+from kiln_operator.api.v1alpha1.profile import ResolvedProfile
 from kiln_operator.api.v1alpha1.resources import ResourcesSpec
 from kiln_operator.api.v1alpha1.runtime import RuntimeSpec
 from kiln_operator.api.v1alpha1.warmup import WarmupSpec, WarmupStatus
@@ -29,16 +30,22 @@ from kiln_operator.api.v1alpha1.warmup import WarmupSpec, WarmupStatus
 class InferenceServiceSpec(ApiModel):
     """What the model owner asks for: a model, how to run it, and the latency it must keep."""
 
+    profile: Annotated[str | None, Field(max_length=253, pattern=DNS_SUBDOMAIN)] = None
+    """The profile whose defaults fill the fields this spec leaves out: the namespace's
+    InferenceProfile of this name over the ClusterInferenceProfile of this name. Empty: the
+    ClusterInferenceProfile marked default (and the namespace's InferenceProfile of its name),
+    else Kiln's built-in defaults only."""
     model: ModelSpec
     """The model file, its format and its input/output tensors."""
     runtime: RuntimeSpec
-    """The serving container: image, optimisation, precision, dynamic batching."""
+    """The serving container: image, optimisation, precision, dynamic batching. Required
+    unless the profile provides runtime.image."""
     resources: ResourcesSpec = ResourcesSpec()
     """GPUs, CPU, memory and node placement of each runtime pod."""
     warmup: WarmupSpec = WarmupSpec()
     """The gate a new pod passes before it receives traffic."""
     slo: SloSpec
-    """The latency objective the autoscaler keeps."""
+    """The latency objective the autoscaler keeps. Required unless the profile provides it."""
     autoscaling: AutoscalingSpec = AutoscalingSpec()
     """Replica bounds and how replicas follow latency and queue depth."""
     prewarm: PrewarmSpec = PrewarmSpec()
@@ -159,6 +166,9 @@ class InferenceServiceStatus(ApiModel):
     """The autoscaler's last decision and the metrics it saw."""
     warmup: WarmupStatus | None = None
     """Warm and failed pods and their cold-start times, from the warm-up gate."""
+    profiles: Annotated[list[ResolvedProfile] | None, Field(max_length=2)] = None
+    """The profiles the spec was resolved against (namespace's first, then the cluster's);
+    empty when none applies and Kiln's built-in defaults fill what the spec leaves out."""
 
 
 class InferenceService(ApiModel):

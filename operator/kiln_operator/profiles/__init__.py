@@ -1,0 +1,6 @@
+"""Platform profiles and policies applied to an InferenceService: pure, no I/O.
+
+`resolution` fills the fields a spec leaves out from its profiles; `guardrails` checks the
+resolved spec against every policy that applies. The operator's effects layer
+(`kiln_operator.k8s.platform`) feeds both from its watch-fed cache.
+"""
