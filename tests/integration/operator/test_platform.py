@@ -120,6 +120,10 @@ def test_a_five_line_service_inherits_the_platform_and_team_defaults(
         ("InferenceProfile", cluster_profile),
         ("ClusterInferenceProfile", cluster_profile),
     ]
+    printed = cluster.kubectl("get", "clusterinferenceprofile", cluster_profile).stdout
+    header, row = printed.splitlines()
+    assert header.split() == ["NAME", "IMAGE", "GPUS", "P99", "MAX-REPLICAS", "DESCRIPTION", "AGE"]
+    assert row.split()[:5] == [cluster_profile, "kiln/runtime:dev", "1", "100", "4"]
 
 
 def test_a_missing_profile_is_a_condition_and_creates_nothing(
@@ -153,6 +157,11 @@ def test_each_guardrail_is_reported_by_name_and_limit(
             },
         },
     )
+    header, row = cluster.kubectl("get", "inferencepolicy", "-n", namespace).stdout.splitlines()
+    assert header.split() == [
+        "NAME", "GPUS/POD", "GPUS/SERVICE", "MAX-REPLICAS", "IMAGES", "SOURCES", "AGE",
+    ]  # fmt: skip
+    assert row.split()[:5] == ["team-limits", "2", "8", "6", '["kiln/"]']
     cases: dict[str, tuple[dict[str, Any], str]] = {
         "gpus-per-pod": ({"resources": {"gpuCount": 4}}, "gpuCount 4 exceeds maxGpusPerPod 2"),
         "gpus-per-service": (
