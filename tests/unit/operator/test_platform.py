@@ -4,12 +4,14 @@ and that every failure is a reason and a message, never an exception."""
 from typing import Any
 
 import pytest
+import yaml
 
 from kiln_operator import constants
 from kiln_operator.api.v1alpha1 import InferenceServiceSpec
 from kiln_operator.profiles.effective import PlatformState, effective_spec
 from kiln_operator.profiles.guardrails import image_allowed, url_allowed
 from kiln_operator.profiles.resolution import Resolved, Unresolved, merged, resolve
+from tests.unit.operator.conftest import REPO
 
 MODEL = {
     "uri": "/opt/models/mlp.pt",
@@ -343,3 +345,24 @@ def test_resolution_never_changes_its_inputs() -> None:
     assert isinstance(resolve(spec, [PLATFORM], [TEAM]), Resolved)
     assert repr((spec, PLATFORM, TEAM)) == before
     assert not isinstance(resolve(None, [], []), Unresolved)
+
+
+def test_the_platform_samples_resolve_the_five_line_service_within_the_limits() -> None:
+    """manifests/samples/platform/ (docs/platform.md): the model owner's service names only its
+    model; the rest comes from the team's and the platform's profiles, within both policies."""
+    folder = REPO / "manifests" / "samples" / "platform"
+    loaded = {path.stem: yaml.safe_load(path.read_text()) for path in folder.glob("*.yaml")}
+    assert set(loaded) == {
+        "cluster-profile", "team-profile", "cluster-policy", "team-policy", "service",
+    }  # fmt: skip
+    state = PlatformState(
+        cluster_profiles=[loaded["cluster-profile"]],
+        namespace_profiles=[loaded["team-profile"]],
+        cluster_policies=[loaded["cluster-policy"]],
+        namespace_policies=[loaded["team-policy"]],
+    )
+    spec = spec_of(state, loaded["service"]["spec"])
+    assert spec.runtime.image == "registry.example.com/kiln/runtime:0.1"
+    assert (spec.runtime.batching.max_batch_size, spec.slo.p99_latency_milliseconds) == (8, 40)
+    assert spec.autoscaling.max_replicas == 8 and spec.resources.gpu_count == 1
+    assert list(loaded["service"]["spec"]) == ["model"]
