@@ -84,7 +84,8 @@ _.error_code
 _.error_message
 
 # Protocol methods and their arguments: `async with` (k8s/client.py), asyncio.Protocol
-# (protocol/http2.py, protocol/httpserver.py) and httptools' parser callbacks (httpserver.py).
+# (protocol/http2/connection.py, protocol/httpserver.py) and httptools' parser callbacks
+# (httpserver.py).
 _.exc_type
 _.exc
 _.traceback
@@ -101,7 +102,7 @@ _.on_body
 _.on_message_complete
 
 # RFC 9113's table of setting identifiers, kept whole beside the five the server sends or reads
-# (protocol/http2.py).
+# (protocol/http2/wire.py).
 _.SETTINGS_HEADER_TABLE_SIZE
 
 # The load helpers e2e/demo/load.py and the integration tests call (e2e/kiln_localcluster/load.py).

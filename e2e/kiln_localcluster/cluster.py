@@ -1,12 +1,13 @@
-"""Bring the local control plane up and down.
+"""Bring the local cluster up and down, and say where a running one is.
 
-Why it exists: one place knows the flags that make the upstream binaries a working cluster
-(TLS, RBAC, service-account tokens, PodSecurity admission, an audit log of writes) and the order
-in which they start. ``up`` is idempotent: a healthy cluster is reused; anything else recorded is
-stopped first, and a failed start stops what it started, so it leaves no orphans.
+Why it exists: one place knows the order in which the cluster starts (certificates, etcd, the
+API server, the other components, the pod runner, Prometheus, the nodes) and what "up" means:
+every node Ready and the default service account there. The components' flags are in
+``controlplane``, their credentials in ``pki`` and ``kubeconfig``. ``up`` is idempotent: a
+healthy cluster is reused; anything else recorded is stopped first, and a failed start stops
+what it started, so it leaves no orphans.
 """
 
-import base64
 import dataclasses
 import datetime
 import json
@@ -18,20 +19,19 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from kiln_localcluster import node, pki, podnet, prometheus
+from kiln_localcluster import controlplane, node, pki, podnet, prometheus
+from kiln_localcluster.controlplane import SERVICE_CIDR
+from kiln_localcluster.kubeconfig import admin_ssl_context, write_kubeconfig
 from kiln_localcluster.nodes import build_gpu_node
 from kiln_localcluster.podrunner import ApiReader
 from kiln_localcluster.processes import ProcessTable, free_ports, is_running, spawn, wait_started
 from kiln_localcluster.targets import targets_file
 from kiln_localcluster.waiting import http_ok, wait_for
 
-_PACKAGE = Path(__file__).resolve().parent
-BINARIES_SCRIPT = _PACKAGE.parent / "cluster" / "binaries.sh"
-SERVICE_CIDR = "10.96.0.0/16"
+BINARIES_SCRIPT = Path(__file__).resolve().parent.parent / "cluster" / "binaries.sh"
 
 
 @dataclass(frozen=True)
@@ -99,12 +99,7 @@ class LocalCluster:
         return ClusterInfo(**json.loads(self._info_path.read_text()))
 
     def _ssl_context(self) -> ssl.SSLContext:
-        material = pki.Pki(self.dir / "pki")
-        context = ssl.create_default_context(cafile=str(material.ca_cert))
-        context.load_cert_chain(
-            str(material.client_cert(pki.ADMIN)), str(material.client_key(pki.ADMIN))
-        )
-        return context
+        return admin_ssl_context(pki.Pki(self.dir / "pki"))
 
     def api_reader(self, server: str) -> "ApiReader":
         return ApiReader(server, self._ssl_context())
@@ -165,6 +160,16 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ the start sequence
     def _start(self, bin_dir: Path, table: ProcessTable) -> ClusterInfo:
+        info, material = self._start_control_plane(bin_dir, table)
+        info = self._start_local_services(info, table)
+        self._create_nodes(info, material)
+        return info
+
+    def _start_control_plane(
+        self, bin_dir: Path, table: ProcessTable
+    ) -> tuple[ClusterInfo, pki.Pki]:
+        """etcd, the API server (each waited for), the controller manager, the scheduler and
+        kwok; the admin's kubeconfig and cluster.json written once all of them run."""
         logs = self.dir / "logs"
         identities = [pki.ADMIN, pki.CONTROLLER_MANAGER, pki.SCHEDULER, pki.KWOK]
         if self.options.real_node:
@@ -190,18 +195,7 @@ class LocalCluster:
         _say("starting etcd")
         etcd = spawn(
             "etcd",
-            [
-                str(bin_dir / "etcd"),
-                "--name=kiln",
-                f"--data-dir={self.dir / 'etcd'}",
-                f"--listen-client-urls={etcd_url}",
-                f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
-                f"--initial-cluster=kiln=http://127.0.0.1:{peer_port}",
-                "--unsafe-no-fsync=true",
-                "--log-level=warn",
-            ],
+            controlplane.etcd_argv(bin_dir, self.dir / "etcd", etcd_url, peer_port),
             logs / "etcd.log",
         )
         table.add(etcd)
@@ -210,45 +204,7 @@ class LocalCluster:
         _say("starting kube-apiserver")
         apiserver = spawn(
             "kube-apiserver",
-            [
-                str(bin_dir / "kube-apiserver"),
-                f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={api_port}",
-                "--advertise-address=127.0.0.1",
-                # The endpoint reconciler refuses a loopback address; the `kubernetes` Service's
-                # endpoints are not needed by anything that runs here.
-                "--endpoint-reconciler-type=none",
-                f"--tls-cert-file={material.serving_cert}",
-                f"--tls-private-key-file={material.serving_key}",
-                f"--client-ca-file={material.ca_cert}",
-                # The Node authorizer and NodeRestriction confine the real node's kubelet to
-                # its own node and pods, as in any production cluster.
-                "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,PodSecurity,"
-                "DefaultTolerationSeconds,ResourceQuota,LimitRanger,NodeRestriction",
-                # The API server's client identity towards kubelets (logs, exec).
-                f"--kubelet-client-certificate={material.client_cert(pki.ADMIN)}",
-                f"--kubelet-client-key={material.client_key(pki.ADMIN)}",
-                # By its IP: a node name resolves nowhere here, and must not be asked of DNS.
-                "--kubelet-preferred-address-types=InternalIP",
-                "--allow-privileged=true",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={material.service_account_pub}",
-                f"--service-account-signing-key-file={material.service_account_key}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                # Allocate cluster IPs only through IPAddress objects (the default from 1.34):
-                # 1.33 still also updates the legacy bitmap, one etcd key rewritten per Service,
-                # which makes Service creation crawl when hundreds are created at once.
-                "--feature-gates=DisableAllocatorDualWrite=true",
-                f"--audit-policy-file={_PACKAGE / 'audit-policy.yaml'}",
-                f"--audit-log-path={audit_log}",
-                "--audit-log-format=json",
-                "--audit-log-mode=blocking",
-                "--audit-log-maxsize=200",
-                "--profiling=false",
-                "--v=1",
-            ],
+            controlplane.apiserver_argv(bin_dir, etcd_url, api_port, material, audit_log),
             logs / "kube-apiserver.log",
         )
         table.add(apiserver)
@@ -258,59 +214,23 @@ class LocalCluster:
         table.add(
             spawn(
                 "kube-controller-manager",
-                [
-                    str(bin_dir / "kube-controller-manager"),
-                    f"--kubeconfig={kubeconfigs[pki.CONTROLLER_MANAGER.name]}",
-                    "--bind-address=127.0.0.1",
-                    "--secure-port=0",
-                    "--leader-elect=false",
-                    # Without the ServiceCIDR controller: it rewrites the default ServiceCIDR's
-                    # status for every allocated cluster IP, and the API server then rebuilds
-                    # its IP allocator each time, stalling Service creation when hundreds are
-                    # created at once. The local cluster has one fixed ServiceCIDR.
-                    "--controllers=*,-service-cidr-controller",
-                    "--use-service-account-credentials=true",
-                    f"--service-account-private-key-file={material.service_account_key}",
-                    f"--root-ca-file={material.ca_cert}",
-                    f"--service-cluster-ip-range={SERVICE_CIDR}",
-                    "--concurrent-deployment-syncs=10",
-                    "--concurrent-replicaset-syncs=10",
-                    "--concurrent-gc-syncs=20",
-                    "--kube-api-qps=200",
-                    "--kube-api-burst=400",
-                    "--v=1",
-                ],
+                controlplane.controller_manager_argv(
+                    bin_dir, kubeconfigs[pki.CONTROLLER_MANAGER.name], material
+                ),
                 logs / "kube-controller-manager.log",
             )
         )
         table.add(
             spawn(
                 "kube-scheduler",
-                [
-                    str(bin_dir / "kube-scheduler"),
-                    f"--kubeconfig={kubeconfigs[pki.SCHEDULER.name]}",
-                    f"--authentication-kubeconfig={kubeconfigs[pki.SCHEDULER.name]}",
-                    f"--authorization-kubeconfig={kubeconfigs[pki.SCHEDULER.name]}",
-                    "--bind-address=127.0.0.1",
-                    "--secure-port=0",
-                    "--leader-elect=false",
-                    "--v=1",
-                ],
+                controlplane.scheduler_argv(bin_dir, kubeconfigs[pki.SCHEDULER.name]),
                 logs / "kube-scheduler.log",
             )
         )
         table.add(
             spawn(
                 "kwok",
-                [
-                    str(bin_dir / "kwok"),
-                    f"--kubeconfig={kubeconfigs[pki.KWOK.name]}",
-                    f"--config={_PACKAGE / 'kwok-pod-stages.yaml'}",
-                    "--manage-all-nodes=false",
-                    "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                    "--node-lease-duration-seconds=40",
-                    "--server-address=",
-                ],
+                controlplane.kwok_argv(bin_dir, kubeconfigs[pki.KWOK.name]),
                 logs / "kwok.log",
             )
         )
@@ -322,23 +242,18 @@ class LocalCluster:
         shutil.copyfile(admin_kubeconfig, self.kubeconfig)
         self.kubeconfig.chmod(0o600)
         self._info_path.write_text(json.dumps(asdict(info), indent=2))
+        return info, material
+
+    def _start_local_services(self, info: ClusterInfo, table: ProcessTable) -> ClusterInfo:
+        """The processes beside the control plane, each where this machine allows it: the pod
+        runner (real processes for the fake nodes' pods), Prometheus, and with a real node the
+        publisher of its scrape targets."""
+        logs = self.dir / "logs"
         if self.options.nodes == 0:
             _say("no fake GPU nodes: no pod runner")
         elif (reason := podnet.available()) is None:
             podnet.create_bridge(self.network)
-            table.add(
-                spawn(
-                    "pod-runner",
-                    [
-                        sys.executable,
-                        "-m",
-                        "kiln_localcluster",
-                        "run-pods",
-                        f"--state-dir={self.state_dir}",
-                    ],
-                    logs / "pod-runner.log",
-                )
-            )
+            table.add(spawn("pod-runner", self._own_command("run-pods"), logs / "pod-runner.log"))
         else:
             _say(f"no pod runner: {reason}; pods will not run real processes")
         if (missing := prometheus.available()) is None:
@@ -351,19 +266,16 @@ class LocalCluster:
             _say(f"no prometheus: {missing}")
 
         if self.options.real_node:
-            table.add(
-                spawn(
-                    "targets",
-                    [
-                        sys.executable,
-                        "-m",
-                        "kiln_localcluster",
-                        "publish-targets",
-                        f"--state-dir={self.state_dir}",
-                    ],
-                    logs / "targets.log",
-                )
-            )
+            table.add(spawn("targets", self._own_command("publish-targets"), logs / "targets.log"))
+        return info
+
+    def _own_command(self, command: str) -> list[str]:
+        """``python -m kiln_localcluster <command>`` for this cluster: a helper process."""
+        return [sys.executable, "-m", "kiln_localcluster", command, f"--state-dir={self.state_dir}"]
+
+    def _create_nodes(self, info: ClusterInfo, material: pki.Pki) -> None:
+        """The fake GPU nodes (and the real node, if asked for); waits until every node is Ready
+        and the default service account exists."""
         _say(f"creating {self.options.nodes} fake GPU nodes")
         nodes = [
             build_gpu_node(
@@ -377,7 +289,7 @@ class LocalCluster:
         if nodes:
             kubectl(info, "apply", "-f", "-", input=yaml.safe_dump_all(nodes))
         if self.options.real_node:
-            self._start_real_node(info, material, server)
+            self._start_real_node(info, material, info.server)
         kubectl(info, "wait", "--for=condition=Ready", "node", "--all", "--timeout=120s")
         wait_for(
             lambda: (
@@ -389,7 +301,6 @@ class LocalCluster:
             timeout=30,
             description="the default service account (service-account controller)",
         )
-        return info
 
     def _start_real_node(self, info: ClusterInfo, material: pki.Pki, server: str) -> None:
         if (missing := node.available()) is not None:
@@ -421,43 +332,7 @@ class LocalCluster:
         node.import_image(self.node_paths, image)
 
     def _write_kubeconfig(self, material: pki.Pki, identity: pki.Identity, server: str) -> Path:
-        path = self.dir / "kubeconfigs" / f"{identity.name.replace(':', '-')}.kubeconfig"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        config: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "kiln-local",
-                    "cluster": {
-                        "server": server,
-                        "certificate-authority-data": _b64(material.ca_cert),
-                    },
-                }
-            ],
-            "users": [
-                {
-                    "name": identity.name,
-                    "user": {
-                        "client-certificate-data": _b64(material.client_cert(identity)),
-                        "client-key-data": _b64(material.client_key(identity)),
-                    },
-                }
-            ],
-            "contexts": [
-                {
-                    "name": "kiln-local",
-                    "context": {
-                        "cluster": "kiln-local",
-                        "user": identity.name,
-                    },
-                }
-            ],
-            "current-context": "kiln-local",
-        }
-        path.write_text(yaml.safe_dump(config))
-        path.chmod(0o600)
-        return path
+        return write_kubeconfig(self.dir / "kubeconfigs", material, identity, server)
 
 
 def kubectl(
@@ -488,10 +363,6 @@ def resolve_binaries(kind: str = "control-plane") -> Path:
         check=True,
     )
     return Path(result.stdout.strip().splitlines()[-1])
-
-
-def _b64(path: Path) -> str:
-    return base64.b64encode(path.read_bytes()).decode()
 
 
 def _say(message: str) -> None:

@@ -22,7 +22,7 @@ import h2.exceptions
 import h2.settings
 
 from kiln_runtime.protocol import hpack
-from kiln_runtime.protocol.http2 import Handler, Request, Response
+from kiln_runtime.protocol.http2.messages import Handler, Request, Response
 
 
 class H2Connection(asyncio.Protocol):

@@ -26,7 +26,9 @@ from google.protobuf.message import DecodeError
 from kiln_runtime import errors
 from kiln_runtime.config import Http2Limits
 from kiln_runtime.protocol import hpack
-from kiln_runtime.protocol.http2 import Http2Connection, MemoryBudget, Request, Response
+from kiln_runtime.protocol.http2.budgets import MemoryBudget
+from kiln_runtime.protocol.http2.connection import Http2Connection
+from kiln_runtime.protocol.http2.messages import Request, Response
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from kiln_runtime.protocol import hpack, http2
+from kiln_runtime.protocol import hpack
+from kiln_runtime.protocol.http2 import wire
+from kiln_runtime.protocol.http2.settings import MAX_FRAME_SIZE
 
 MAX_FRAMES = 2_000_000  # every loop stops at this count, or at its time limit
 HEADERS_BLOCK = hpack.encode(
@@ -30,7 +32,7 @@ EMPTY_CALL = b"\0\0\0\0\0"  # a gRPC message of zero bytes: ServerLiveRequest
 
 def connect(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-    sock.sendall(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0))
+    sock.sendall(wire.PREFACE + wire.frame(wire.SETTINGS, 0, 0))
     return sock
 
 
@@ -49,7 +51,7 @@ def goaway_code(sock: socket.socket, seconds: float) -> str:
     while len(buffer) - pos >= 9:
         high, low, kind, _, _ = struct.unpack_from(">BHBBL", buffer, pos)
         length = high << 16 | low
-        if kind == http2.GOAWAY and len(buffer) >= pos + 9 + 8:
+        if kind == wire.GOAWAY and len(buffer) >= pos + 9 + 8:
             code = struct.unpack_from(">L", buffer, pos + 9 + 4)[0]
         pos += 9 + length
     return f"goaway {code}" if code is not None else "closed"
@@ -72,26 +74,26 @@ def flood(port: int, seconds: float, frames: Callable[[int], bytes]) -> str:
 
 def rapid_reset(i: int) -> bytes:
     sid = 2 * i + 1
-    headers = http2.frame(http2.HEADERS, http2.END_HEADERS, sid, HEADERS_BLOCK)
-    return headers + http2.frame(http2.RST_STREAM, 0, sid, struct.pack(">L", http2.CANCEL))
+    headers = wire.frame(wire.HEADERS, wire.END_HEADERS, sid, HEADERS_BLOCK)
+    return headers + wire.frame(wire.RST_STREAM, 0, sid, struct.pack(">L", wire.CANCEL))
 
 
 def empty_data(i: int) -> bytes:
-    opening = http2.frame(http2.HEADERS, http2.END_HEADERS, 1, HEADERS_BLOCK) if i == 0 else b""
-    return opening + http2.frame(http2.DATA, 0, 1, b"")
+    opening = wire.frame(wire.HEADERS, wire.END_HEADERS, 1, HEADERS_BLOCK) if i == 0 else b""
+    return opening + wire.frame(wire.DATA, 0, 1, b"")
 
 
 def empty_continuation(i: int) -> bytes:
-    opening = http2.frame(http2.HEADERS, 0, 1, HEADERS_BLOCK) if i == 0 else b""
-    return opening + http2.frame(http2.CONTINUATION, 0, 1, b"")
+    opening = wire.frame(wire.HEADERS, 0, 1, HEADERS_BLOCK) if i == 0 else b""
+    return opening + wire.frame(wire.CONTINUATION, 0, 1, b"")
 
 
 def ping(i: int) -> bytes:
-    return http2.frame(http2.PING, 0, 0, struct.pack(">Q", i))
+    return wire.frame(wire.PING, 0, 0, struct.pack(">Q", i))
 
 
 def settings(i: int) -> bytes:
-    return http2.frame(http2.SETTINGS, 0, 0)
+    return wire.frame(wire.SETTINGS, 0, 0)
 
 
 def unread_answers(port: int, seconds: float) -> str:
@@ -106,8 +108,8 @@ def unread_answers(port: int, seconds: float) -> str:
                 break
             sid = 2 * i + 1
             sock.sendall(
-                http2.frame(http2.HEADERS, http2.END_HEADERS, sid, HEADERS_BLOCK)
-                + http2.frame(http2.DATA, http2.END_STREAM, sid, EMPTY_CALL)
+                wire.frame(wire.HEADERS, wire.END_HEADERS, sid, HEADERS_BLOCK)
+                + wire.frame(wire.DATA, wire.END_STREAM, sid, EMPTY_CALL)
             )
             sent += 1
     except TimeoutError:
@@ -146,7 +148,7 @@ def slowloris(port: int, seconds: float) -> str:
     held = []
     for _ in range(200):
         sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-        sock.sendall(http2.PREFACE[:10])
+        sock.sendall(wire.PREFACE[:10])
         held.append(sock)
     time.sleep(seconds)
     closed = 0
@@ -174,11 +176,11 @@ def big_metadata(port: int, seconds: float) -> str:
     sock = connect(port)
     block = hpack.encode([*hpack.Decoder().decode(HEADERS_BLOCK), (b"x-big", b"v" * 20_000)])
     sid = 1
-    for piece in range(0, len(block), http2.MAX_FRAME_SIZE):
-        first, last = piece == 0, piece + http2.MAX_FRAME_SIZE >= len(block)
-        kind = http2.HEADERS if first else http2.CONTINUATION
-        flags = (http2.END_STREAM if first else 0) | (http2.END_HEADERS if last else 0)
-        sock.sendall(http2.frame(kind, flags, sid, block[piece : piece + http2.MAX_FRAME_SIZE]))
+    for piece in range(0, len(block), MAX_FRAME_SIZE):
+        first, last = piece == 0, piece + MAX_FRAME_SIZE >= len(block)
+        kind = wire.HEADERS if first else wire.CONTINUATION
+        flags = (wire.END_STREAM if first else 0) | (wire.END_HEADERS if last else 0)
+        sock.sendall(wire.frame(kind, flags, sid, block[piece : piece + MAX_FRAME_SIZE]))
     return "answered, connection kept" if goaway_code(sock, 1) == "open" else "connection ended"
 
 

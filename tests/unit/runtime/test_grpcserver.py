@@ -17,7 +17,7 @@ from kiln_runtime.protocol.grpcserver import (
     grpc_timeout,
     percent_encode,
 )
-from kiln_runtime.protocol.http2 import Request, Response
+from kiln_runtime.protocol.http2.messages import Request, Response
 
 PATH = b"/inference.GRPCInferenceService/ModelReady"
 

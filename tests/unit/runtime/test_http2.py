@@ -21,22 +21,24 @@ import h2.settings
 import pytest
 
 from kiln_runtime.config import Http2Limits
-from kiln_runtime.protocol import hpack, http2
-from kiln_runtime.protocol.http2 import (
+from kiln_runtime.protocol import hpack
+from kiln_runtime.protocol.http2 import wire
+from kiln_runtime.protocol.http2.budgets import MemoryBudget
+from kiln_runtime.protocol.http2.connection import AGE_GOAWAY_GAP_SECONDS, Http2Connection
+from kiln_runtime.protocol.http2.messages import (
     AnswersEarly,
     Handler,
-    Http2Connection,
-    MemoryBudget,
     Request,
     Response,
     Streaming,
 )
+from kiln_runtime.protocol.http2.settings import MAX_FRAME_SIZE
 
 TIMEOUT = 5.0
 OK = hpack.encode([(b":status", b"200"), (b"content-type", b"application/grpc")])
 TRAILERS = hpack.encode([(b"grpc-status", b"0")])
-RAW_START = http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0)
-END = http2.END_STREAM | http2.END_HEADERS
+RAW_START = wire.PREFACE + wire.frame(wire.SETTINGS, 0, 0)
+END = wire.END_STREAM | wire.END_HEADERS
 
 Frame = tuple[int, int, int, bytes]  # type, flags, stream id, payload
 Event = h2.events.Event
@@ -49,7 +51,7 @@ def request_fields(path: bytes) -> list[tuple[bytes, bytes]]:
 
 
 def raw_block(block: bytes, stream_id: int = 1) -> bytes:
-    return http2.frame(http2.HEADERS, END, stream_id, block)
+    return wire.frame(wire.HEADERS, END, stream_id, block)
 
 
 def raw_headers(stream_id: int, path: bytes) -> bytes:
@@ -222,8 +224,8 @@ def more_data(stream_id: int, than: int) -> Callable[[list[Event]], bool]:
 
 def goaway(frames: list[Frame]) -> tuple[int, int]:
     """The (last stream id, error code) of the one GOAWAY, which must be the last frame."""
-    assert [f[0] for f in frames].count(http2.GOAWAY) == 1, frames
-    assert frames[-1][0] == http2.GOAWAY, frames
+    assert [f[0] for f in frames].count(wire.GOAWAY) == 1, frames
+    assert frames[-1][0] == wire.GOAWAY, frames
     last_stream_id, code = struct.unpack_from(">LL", frames[-1][3])
     return last_stream_id, code
 
@@ -309,9 +311,9 @@ async def test_large_header_block_is_split_into_continuation_frames(harness: Har
     assert (b"x-big", value) in (response.headers or [])
     frames = [f for f in client.frames if f[2] == sid]
     assert [(f[0], f[1]) for f in frames] == [
-        (http2.HEADERS, http2.END_STREAM),
-        (http2.CONTINUATION, 0),
-        (http2.CONTINUATION, http2.END_HEADERS),
+        (wire.HEADERS, wire.END_STREAM),
+        (wire.CONTINUATION, 0),
+        (wire.CONTINUATION, wire.END_HEADERS),
     ]
     assert all(len(f[3]) <= 16_384 for f in frames)
 
@@ -319,7 +321,7 @@ async def test_large_header_block_is_split_into_continuation_frames(harness: Har
 @pytest.mark.parametrize(
     "late",
     [
-        pytest.param(http2.frame(http2.DATA, http2.END_STREAM, 1, b"x" * 600), id="data"),
+        pytest.param(wire.frame(wire.DATA, wire.END_STREAM, 1, b"x" * 600), id="data"),
         # request trailers; a block of literals leaves the server's HPACK table as it is
         pytest.param(raw_block(hpack.encode([(b"x-n", b"1")])), id="trailers"),
     ],
@@ -392,42 +394,42 @@ async def test_continuation_frames_are_assembled(harness: Harness) -> None:
     first, middle, last = split_request(b"/split")
     peer.write(
         RAW_START
-        + http2.frame(http2.HEADERS, http2.END_STREAM, 1, first)
-        + http2.frame(http2.CONTINUATION, 0, 1, middle)
-        + http2.frame(http2.CONTINUATION, http2.END_HEADERS, 1, last)
+        + wire.frame(wire.HEADERS, wire.END_STREAM, 1, first)
+        + wire.frame(wire.CONTINUATION, 0, 1, middle)
+        + wire.frame(wire.CONTINUATION, wire.END_HEADERS, 1, last)
     )
     frames = await peer.frames_until(lambda frames: any(f[2] == 1 and f[1] & 1 for f in frames))
 
     assert [f for f in frames if f[2] == 1] == [
-        (http2.HEADERS, http2.END_HEADERS, 1, OK),
-        (http2.DATA, 0, 1, b"/split "),
-        (http2.HEADERS, END, 1, TRAILERS),
+        (wire.HEADERS, wire.END_HEADERS, 1, OK),
+        (wire.DATA, 0, 1, b"/split "),
+        (wire.HEADERS, END, 1, TRAILERS),
     ]
     assert harness.requests[0].headers[b"x-long"] == b"v" * 300
 
 
-UNFINISHED = RAW_START + http2.frame(http2.HEADERS, http2.END_STREAM, 1, split_request(b"/")[0])
+UNFINISHED = RAW_START + wire.frame(wire.HEADERS, wire.END_STREAM, 1, split_request(b"/")[0])
 MALFORMED = {  # what a client sends: the error code of the server's GOAWAY
-    "http1": (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", http2.PROTOCOL_ERROR),
-    "short-bad-preface": (b"PRI * HTTP/1.1\r\n", http2.PROTOCOL_ERROR),
-    "hpack-truncated-integer": (RAW_START + raw_block(b"\xff" * 5), http2.COMPRESSION_ERROR),
-    "hpack-index-62-empty-table": (RAW_START + raw_block(b"\xbe"), http2.COMPRESSION_ERROR),
+    "http1": (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", wire.PROTOCOL_ERROR),
+    "short-bad-preface": (b"PRI * HTTP/1.1\r\n", wire.PROTOCOL_ERROR),
+    "hpack-truncated-integer": (RAW_START + raw_block(b"\xff" * 5), wire.COMPRESSION_ERROR),
+    "hpack-index-62-empty-table": (RAW_START + raw_block(b"\xbe"), wire.COMPRESSION_ERROR),
     "ping-in-header-block": (
-        UNFINISHED + http2.frame(http2.PING, 0, 0, b"8 bytes!"),
-        http2.PROTOCOL_ERROR,
+        UNFINISHED + wire.frame(wire.PING, 0, 0, b"8 bytes!"),
+        wire.PROTOCOL_ERROR,
     ),
-    "headers-in-header-block": (UNFINISHED + raw_headers(3, b"/other"), http2.PROTOCOL_ERROR),
+    "headers-in-header-block": (UNFINISHED + raw_headers(3, b"/other"), wire.PROTOCOL_ERROR),
     "other-stream-continuation": (
-        UNFINISHED + http2.frame(http2.CONTINUATION, http2.END_HEADERS, 3, b""),
-        http2.PROTOCOL_ERROR,
+        UNFINISHED + wire.frame(wire.CONTINUATION, wire.END_HEADERS, 3, b""),
+        wire.PROTOCOL_ERROR,
     ),
     "reset-of-idle-stream": (
-        RAW_START + http2.frame(http2.RST_STREAM, 0, 5, b"\0\0\0\x08"),
-        http2.PROTOCOL_ERROR,
+        RAW_START + wire.frame(wire.RST_STREAM, 0, 5, b"\0\0\0\x08"),
+        wire.PROTOCOL_ERROR,
     ),
     "frame-above-max-size": (  # refused from its 9-byte header, before the payload arrives
-        RAW_START + http2.frame(http2.DATA, 0, 1, b"\0" * (http2.MAX_FRAME_SIZE + 1))[:9],
-        http2.FRAME_SIZE_ERROR,
+        RAW_START + wire.frame(wire.DATA, 0, 1, b"\0" * (MAX_FRAME_SIZE + 1))[:9],
+        wire.FRAME_SIZE_ERROR,
     ),
 }
 
@@ -459,18 +461,18 @@ async def test_shut_down_finishes_the_open_stream_and_refuses_new_ones(harness: 
     (connection,) = harness.connections
 
     connection.shut_down()
-    frames = await peer.frames_until(lambda frames: http2.GOAWAY in [f[0] for f in frames])
-    assert goaway(frames) == (1, http2.NO_ERROR)
+    frames = await peer.frames_until(lambda frames: wire.GOAWAY in [f[0] for f in frames])
+    assert goaway(frames) == (1, wire.NO_ERROR)
     peer.write(raw_headers(3, b"/late"))
-    refused = (http2.RST_STREAM, 0, 3, struct.pack(">L", http2.REFUSED_STREAM))
+    refused = (wire.RST_STREAM, 0, 3, struct.pack(">L", wire.REFUSED_STREAM))
     await peer.frames_until(lambda frames: refused in frames)
 
     release.set()
     frames = await peer.frames_until(None)
     assert [f for f in frames if f[2] == 1] == [
-        (http2.HEADERS, http2.END_HEADERS, 1, OK),
-        (http2.DATA, 0, 1, b"done"),
-        (http2.HEADERS, END, 1, TRAILERS),
+        (wire.HEADERS, wire.END_HEADERS, 1, OK),
+        (wire.DATA, 0, 1, b"done"),
+        (wire.HEADERS, END, 1, TRAILERS),
     ]
     await asyncio.wait_for(connection.closed, TIMEOUT)
 
@@ -496,7 +498,7 @@ async def test_concurrent_streams_get_their_own_answers(harness: Harness) -> Non
 
 
 def goaways(frames: list[Frame]) -> list[tuple[int, int]]:
-    return [struct.unpack_from(">LL", f[3]) for f in frames if f[0] == http2.GOAWAY]
+    return [struct.unpack_from(">LL", f[3]) for f in frames if f[0] == wire.GOAWAY]
 
 
 async def test_an_aged_connection_is_asked_to_reconnect_and_loses_no_call(
@@ -513,14 +515,14 @@ async def test_an_aged_connection_is_asked_to_reconnect_and_loses_no_call(
     peer.write(RAW_START + raw_headers(1, b"/running"))
     frames = await peer.frames_until(lambda frames: len(goaways(frames)) == 1)
     # First the GOAWAY that still admits streams the client may be opening right now...
-    assert goaways(frames) == [(http2.MAX_STREAM_ID, http2.NO_ERROR)]
+    assert goaways(frames) == [(wire.MAX_STREAM_ID, wire.NO_ERROR)]
     peer.write(raw_headers(3, b"/racing"))
     # ...then the final one, naming the last stream the server takes.
     frames = await peer.frames_until(lambda frames: len(goaways(frames)) == 2)
-    assert goaways(frames)[1] == (3, http2.NO_ERROR)
+    assert goaways(frames)[1] == (3, wire.NO_ERROR)
     release.set()
     frames = await peer.frames_until(None)  # both answered, then the server closes
-    answered = {f[2]: f[3] for f in frames if f[0] == http2.DATA}
+    answered = {f[2]: f[3] for f in frames if f[0] == wire.DATA}
     assert answered == {1: b"/running", 3: b"/racing"}
 
 
@@ -534,7 +536,7 @@ async def test_calls_outliving_the_age_grace_are_cut(harness: Harness) -> None:
     peer.write(RAW_START + raw_headers(1, b"/stuck"))
     started = asyncio.get_running_loop().time()
     await peer.frames_until(None)
-    assert asyncio.get_running_loop().time() - started < http2.AGE_GOAWAY_GAP_SECONDS + 2
+    assert asyncio.get_running_loop().time() - started < AGE_GOAWAY_GAP_SECONDS + 2
 
 
 async def test_connections_without_a_max_age_stay_open(harness: Harness) -> None:

@@ -24,8 +24,9 @@ import h2.exceptions
 import pytest
 
 from kiln_runtime.config import Http2Limits
-from kiln_runtime.protocol import http2
-from kiln_runtime.protocol.http2 import Http2Connection, Request, Response
+from kiln_runtime.protocol.http2 import wire
+from kiln_runtime.protocol.http2.connection import Http2Connection
+from kiln_runtime.protocol.http2.messages import Request, Response
 
 SEQUENCES = 80
 MAX_ACTIONS = 30
@@ -37,17 +38,15 @@ GENEROUS = Http2Limits(  # no flood budget or size limit may differ from h2's de
 )
 # Frames after which a server MUST end the connection (RFC 9113), whatever came before.
 CONNECTION_ERRORS = {
-    "data-on-stream-0": http2.frame(http2.DATA, 0, 0, b"x"),
-    "headers-on-even-stream": http2.frame(http2.HEADERS, http2.END_HEADERS, 2, b"\x82"),
-    "ping-of-7-bytes": http2.frame(http2.PING, 0, 0, b"7 bytes"),
-    "settings-of-5-bytes": http2.frame(http2.SETTINGS, 0, 0, b"\0" * 5),
-    "connection-window-update-of-0": http2.frame(http2.WINDOW_UPDATE, 0, 0, b"\0" * 4),
-    "continuation-without-headers": http2.frame(http2.CONTINUATION, http2.END_HEADERS, 1, b""),
-    "data-on-an-idle-stream": http2.frame(http2.DATA, 0, 1001, b"x"),
-    "push-promise": http2.frame(http2.PUSH_PROMISE, http2.END_HEADERS, 1, b"\0\0\0\2\x82"),
-    "reset-of-an-idle-stream": http2.frame(
-        http2.RST_STREAM, 0, 1001, struct.pack(">L", http2.CANCEL)
-    ),
+    "data-on-stream-0": wire.frame(wire.DATA, 0, 0, b"x"),
+    "headers-on-even-stream": wire.frame(wire.HEADERS, wire.END_HEADERS, 2, b"\x82"),
+    "ping-of-7-bytes": wire.frame(wire.PING, 0, 0, b"7 bytes"),
+    "settings-of-5-bytes": wire.frame(wire.SETTINGS, 0, 0, b"\0" * 5),
+    "connection-window-update-of-0": wire.frame(wire.WINDOW_UPDATE, 0, 0, b"\0" * 4),
+    "continuation-without-headers": wire.frame(wire.CONTINUATION, wire.END_HEADERS, 1, b""),
+    "data-on-an-idle-stream": wire.frame(wire.DATA, 0, 1001, b"x"),
+    "push-promise": wire.frame(wire.PUSH_PROMISE, wire.END_HEADERS, 1, b"\0\0\0\2\x82"),
+    "reset-of-an-idle-stream": wire.frame(wire.RST_STREAM, 0, 1001, struct.pack(">L", wire.CANCEL)),
 }
 # Of those, the ones h2 lets pass once other streams were opened (the runtime follows the RFC,
 # as h2spec checks: 5.1 "idle: Sends a RST_STREAM frame", 6.10 "CONTINUATION preceded by ...").

@@ -18,8 +18,11 @@ import h2.settings
 import pytest
 
 from kiln_runtime.config import Http2Limits
-from kiln_runtime.protocol import hpack, http2
-from kiln_runtime.protocol.http2 import Request, Response
+from kiln_runtime.protocol import hpack
+from kiln_runtime.protocol.http2 import connection, wire
+from kiln_runtime.protocol.http2.messages import Request, Response
+from kiln_runtime.protocol.http2.receiving import CALLS_PER_TURN
+from kiln_runtime.protocol.http2.settings import CONNECTION_WINDOW
 
 from .test_http2 import (
     OK,
@@ -38,7 +41,7 @@ from .test_http2 import (
     request_fields,
 )
 
-CALM = http2.ENHANCE_YOUR_CALM
+CALM = wire.ENHANCE_YOUR_CALM
 
 
 @pytest.fixture
@@ -51,33 +54,31 @@ async def harness() -> AsyncIterator[Harness]:
 @pytest.fixture
 def fast_ticks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Timeouts are checked every 20 ms instead of every second."""
-    monkeypatch.setattr(http2, "TICK_SECONDS", 0.02)
+    monkeypatch.setattr(connection, "TICK_SECONDS", 0.02)
 
 
 def open_stream(stream_id: int, path: bytes = b"/open") -> bytes:
     """HEADERS that leave the request open (a body would follow)."""
-    return http2.frame(
-        http2.HEADERS, http2.END_HEADERS, stream_id, hpack.encode(request_fields(path))
-    )
+    return wire.frame(wire.HEADERS, wire.END_HEADERS, stream_id, hpack.encode(request_fields(path)))
 
 
 def reset(stream_id: int) -> bytes:
-    return http2.frame(http2.RST_STREAM, 0, stream_id, struct.pack(">L", http2.CANCEL))
+    return wire.frame(wire.RST_STREAM, 0, stream_id, struct.pack(">L", wire.CANCEL))
 
 
 def settings(**values: int) -> bytes:
-    keys = {"initial_window": http2.SETTINGS_INITIAL_WINDOW_SIZE}
+    keys = {"initial_window": wire.SETTINGS_INITIAL_WINDOW_SIZE}
     payload = b"".join(struct.pack(">HL", keys[k], v) for k, v in values.items())
-    return http2.frame(http2.SETTINGS, 0, 0, payload)
+    return wire.frame(wire.SETTINGS, 0, 0, payload)
 
 
 def window_update(stream_id: int, increment: int) -> bytes:
-    return http2.frame(http2.WINDOW_UPDATE, 0, stream_id, struct.pack(">L", increment))
+    return wire.frame(wire.WINDOW_UPDATE, 0, stream_id, struct.pack(">L", increment))
 
 
 def trailers_seen(frames: list[Frame]) -> set[int]:
     """Streams whose answer has ended (the trailers' HEADERS carry END_STREAM)."""
-    return {f[2] for f in frames if f[0] == http2.HEADERS and f[1] & http2.END_STREAM}
+    return {f[2] for f in frames if f[0] == wire.HEADERS and f[1] & wire.END_STREAM}
 
 
 async def probe(harness: Harness) -> None:
@@ -95,22 +96,22 @@ FLOODS = {  # limits, what the peer sends after the preface, many times over
     ),
     "empty-data": (
         Http2Limits(empty_frames_per_second=2),
-        lambda i: (open_stream(1) if i == 0 else b"") + http2.frame(http2.DATA, 0, 1, b""),
+        lambda i: (open_stream(1) if i == 0 else b"") + wire.frame(wire.DATA, 0, 1, b""),
     ),
     "empty-continuation": (
         Http2Limits(empty_frames_per_second=2),
         lambda i: (
-            (http2.frame(http2.HEADERS, http2.END_STREAM, 1, b"") if i == 0 else b"")
-            + http2.frame(http2.CONTINUATION, 0, 1, b"")
+            (wire.frame(wire.HEADERS, wire.END_STREAM, 1, b"") if i == 0 else b"")
+            + wire.frame(wire.CONTINUATION, 0, 1, b"")
         ),
     ),
     "ping": (
         Http2Limits(control_frames_per_second=2),
-        lambda i: http2.frame(http2.PING, 0, 0, b"8 bytes!"),
+        lambda i: wire.frame(wire.PING, 0, 0, b"8 bytes!"),
     ),
     "settings": (
         Http2Limits(control_frames_per_second=2),
-        lambda i: http2.frame(http2.SETTINGS, 0, 0),
+        lambda i: wire.frame(wire.SETTINGS, 0, 0),
     ),
 }
 
@@ -131,13 +132,13 @@ async def test_a_flood_ends_in_enhance_your_calm_and_others_are_served(
 async def test_a_budget_refills_with_time(harness: Harness) -> None:
     await harness.serve(limits=Http2Limits(control_frames_per_second=100))  # a burst of 1000
     peer = await harness.connect(Peer)
-    ping = http2.frame(http2.PING, 0, 0, b"8 bytes!")
+    ping = wire.frame(wire.PING, 0, 0, b"8 bytes!")
     peer.write(RAW_START + ping * 900)
-    await peer.frames_until(lambda frames: sum(f[0] == http2.PING for f in frames) == 900)
+    await peer.frames_until(lambda frames: sum(f[0] == wire.PING for f in frames) == 900)
     await asyncio.sleep(0.5)  # 50 more tokens
     peer.write(ping * 140)
-    await peer.frames_until(lambda frames: sum(f[0] == http2.PING for f in frames) == 1040)
-    assert http2.GOAWAY not in [f[0] for f in peer.frames]
+    await peer.frames_until(lambda frames: sum(f[0] == wire.PING for f in frames) == 1040)
+    assert wire.GOAWAY not in [f[0] for f in peer.frames]
 
 
 async def test_connections_over_the_limit_are_refused_at_accept(harness: Harness) -> None:
@@ -163,7 +164,7 @@ async def test_an_idle_connection_is_closed(harness: Harness, fast_ticks: None) 
     peer.write(RAW_START + raw_headers(1, b"/one"))
     started = asyncio.get_running_loop().time()
     frames = await peer.frames_until(None)
-    assert goaway(frames) == (1, http2.NO_ERROR)
+    assert goaway(frames) == (1, wire.NO_ERROR)
     assert asyncio.get_running_loop().time() - started >= 0.2
 
 
@@ -172,16 +173,16 @@ async def test_a_silent_client_is_dropped_after_the_header_timeout(
 ) -> None:
     await harness.serve(limits=Http2Limits(header_timeout_seconds=0.1))
     peer = await harness.connect(Peer)
-    peer.write(http2.PREFACE[:10])  # slowloris: a preface that never completes
+    peer.write(wire.PREFACE[:10])  # slowloris: a preface that never completes
     frames = await peer.frames_until(None)
-    assert [f[0] for f in frames] == [http2.SETTINGS, http2.WINDOW_UPDATE]  # the server's preface
+    assert [f[0] for f in frames] == [wire.SETTINGS, wire.WINDOW_UPDATE]  # the server's preface
 
 
 async def test_an_unfinished_header_block_times_out(harness: Harness, fast_ticks: None) -> None:
     await harness.serve(limits=Http2Limits(header_timeout_seconds=0.1))
     peer = await harness.connect(Peer)
     block = hpack.encode(request_fields(b"/slow"))
-    peer.write(RAW_START + http2.frame(http2.HEADERS, http2.END_STREAM, 1, block[:5]))
+    peer.write(RAW_START + wire.frame(wire.HEADERS, wire.END_STREAM, 1, block[:5]))
     frames = await peer.frames_until(None)
     assert goaway(frames)[1] == CALM
     assert not harness.requests
@@ -192,12 +193,12 @@ async def test_a_body_that_never_ends_resets_its_stream_only(
 ) -> None:
     await harness.serve(limits=Http2Limits(body_timeout_seconds=0.1))
     peer = await harness.connect(Peer)
-    peer.write(RAW_START + open_stream(1) + http2.frame(http2.DATA, 0, 1, b"part"))
-    cancelled = (http2.RST_STREAM, 0, 1, struct.pack(">L", http2.CANCEL))
+    peer.write(RAW_START + open_stream(1) + wire.frame(wire.DATA, 0, 1, b"part"))
+    cancelled = (wire.RST_STREAM, 0, 1, struct.pack(">L", wire.CANCEL))
     await peer.frames_until(lambda frames: cancelled in frames)
     peer.write(raw_headers(3, b"/next"))
     frames = await peer.frames_until(lambda frames: 3 in trailers_seen(frames))
-    assert (http2.DATA, 0, 3, b"/next ") in frames
+    assert (wire.DATA, 0, 3, b"/next ") in frames
     assert not harness.requests[1:]  # the stalled request never reached the handler
 
 
@@ -211,12 +212,12 @@ async def test_a_header_list_over_the_limit_fails_its_stream_only(harness: Harne
     peer = await harness.connect(Peer)
     big = hpack.encode([*request_fields(b"/big"), (b"x-big", b"v" * 2000)])
     assert len(big) <= 2 * 1024  # within the block limit: decoded, then refused
-    peer.write(RAW_START + http2.frame(http2.HEADERS, http2.END_HEADERS | http2.END_STREAM, 1, big))
+    peer.write(RAW_START + wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, 1, big))
     peer.write(raw_headers(3, b"/small"))
     frames = await peer.frames_until(lambda frames: {1, 3} <= trailers_seen(frames))
-    assert (http2.DATA, 0, 1, b"headers too large") in frames
-    assert (http2.DATA, 0, 3, b"/small ") in frames
-    assert http2.GOAWAY not in [f[0] for f in frames]
+    assert (wire.DATA, 0, 1, b"headers too large") in frames
+    assert (wire.DATA, 0, 3, b"/small ") in frames
+    assert wire.GOAWAY not in [f[0] for f in frames]
 
 
 async def test_a_header_block_far_over_the_limit_is_refused_from_its_frame_header(
@@ -224,7 +225,7 @@ async def test_a_header_block_far_over_the_limit_is_refused_from_its_frame_heade
 ) -> None:
     await harness.serve(limits=Http2Limits(max_header_list_size=1024))
     peer = await harness.connect(Peer)
-    huge = http2.frame(http2.HEADERS, http2.END_STREAM, 1, b"\0" * 4096)
+    huge = wire.frame(wire.HEADERS, wire.END_STREAM, 1, b"\0" * 4096)
     peer.write(RAW_START + huge[:9])  # only the frame header: the block is never buffered
     frames = await peer.frames_until(None)
     assert goaway(frames)[1] == CALM
@@ -232,7 +233,7 @@ async def test_a_header_block_far_over_the_limit_is_refused_from_its_frame_heade
 
 def connection_credit(frames: list[Frame]) -> int:
     return sum(
-        struct.unpack(">L", f[3])[0] for f in frames if f[0] == http2.WINDOW_UPDATE and f[2] == 0
+        struct.unpack(">L", f[3])[0] for f in frames if f[0] == wire.WINDOW_UPDATE and f[2] == 0
     )
 
 
@@ -243,7 +244,7 @@ async def test_the_receive_window_reopens_only_within_the_budget(harness: Harnes
         await release.wait()
         return Response(OK, b"%d" % len(request.body), TRAILERS)
 
-    budget = window = http2.CONNECTION_WINDOW
+    budget = window = CONNECTION_WINDOW
     await harness.serve(
         handler, max_body=600 << 10, limits=Http2Limits(process_buffer_bytes=budget)
     )
@@ -256,10 +257,10 @@ async def test_the_receive_window_reopens_only_within_the_budget(harness: Harnes
         for start in range(0, size, chunk):
             piece = b"x" * min(chunk, size - start)
             last = start + chunk >= size
-            sent += http2.frame(http2.DATA, http2.END_STREAM if last else 0, sid, piece)
-    peer.write(sent + http2.frame(http2.PING, 0, 0, b"in order"))
-    frames = await peer.frames_until(lambda frames: http2.PING in [f[0] for f in frames])
-    preface = window - http2.DEFAULT_WINDOW
+            sent += wire.frame(wire.DATA, wire.END_STREAM if last else 0, sid, piece)
+    peer.write(sent + wire.frame(wire.PING, 0, 0, b"in order"))
+    frames = await peer.frames_until(lambda frames: wire.PING in [f[0] for f in frames])
+    preface = window - wire.DEFAULT_WINDOW
     # Half the window came back while the first half was held under the budget; with the
     # budget spent (both bodies held, neither answered) no more does.
     assert connection_credit(frames) - preface == window // 2
@@ -275,7 +276,7 @@ async def test_the_receive_window_reopens_only_within_the_budget(harness: Harnes
 def outcomes(frames: list[Frame], calls: list[int]) -> dict[int, str]:
     """Each call's end: "answered" (trailers), "calm" (RST_STREAM ENHANCE_YOUR_CALM)."""
     calm = struct.pack(">L", CALM)
-    ends = {f[2]: "calm" for f in frames if f[0] == http2.RST_STREAM and f[3] == calm}
+    ends = {f[2]: "calm" for f in frames if f[0] == wire.RST_STREAM and f[3] == calm}
     ends.update({sid: "answered" for sid in trailers_seen(frames)})
     return {sid: ends[sid] for sid in calls if sid in ends}
 
@@ -292,12 +293,12 @@ async def big_answer(request: Request) -> Response:
 async def test_a_client_that_opens_no_window_cannot_pin_more_than_the_budget(
     harness: Harness,
 ) -> None:
-    budget = 1000 + http2.CONNECTION_WINDOW  # the smallest connection budget for this max_body
+    budget = 1000 + CONNECTION_WINDOW  # the smallest connection budget for this max_body
     await harness.serve(big_answer, max_body=1000, limits=Http2Limits(connection_buffer_bytes=1))
     peer = await harness.connect(Peer)
     calls = [2 * i + 1 for i in range(40)]  # 10 MiB of answers
     peer.write(
-        http2.PREFACE
+        wire.PREFACE
         + settings(initial_window=0)
         + b"".join(raw_headers(sid, b"/big") for sid in calls)
     )
@@ -308,7 +309,7 @@ async def test_a_client_that_opens_no_window_cannot_pin_more_than_the_budget(
     peer.write(settings(initial_window=1 << 20) + window_update(0, 2**31 - 1 - 65_535))
     frames = await peer.frames_until(lambda frames: len(outcomes(frames, calls)) == 40)
     assert list(outcomes(frames, calls).values()).count("answered") == 4
-    assert sum(len(f[3]) for f in frames if f[0] == http2.DATA) == 4 * ANSWER_BYTES
+    assert sum(len(f[3]) for f in frames if f[0] == wire.DATA) == 4 * ANSWER_BYTES
     assert harness.budget.used == 0
     await probe(harness)
 
@@ -316,12 +317,12 @@ async def test_a_client_that_opens_no_window_cannot_pin_more_than_the_budget(
 async def test_a_client_that_stops_reading_cannot_pin_more_than_the_budget(
     harness: Harness,
 ) -> None:
-    budget = 1000 + http2.CONNECTION_WINDOW
+    budget = 1000 + CONNECTION_WINDOW
     await harness.serve(big_answer, max_body=1000, limits=Http2Limits(connection_buffer_bytes=1))
     peer = await harness.connect(Peer)
     calls = [2 * i + 1 for i in range(120)]  # 30 MiB of answers, windows wide open
     peer.write(
-        http2.PREFACE
+        wire.PREFACE
         + settings(initial_window=2**31 - 1)
         + window_update(0, 2**31 - 1 - 65_535)
         + b"".join(raw_headers(sid, b"/big") for sid in calls)
@@ -332,7 +333,7 @@ async def test_a_client_that_stops_reading_cannot_pin_more_than_the_budget(
     frames = await peer.frames_until(lambda frames: len(outcomes(frames, calls)) == len(calls))
     answered = list(outcomes(frames, calls).values()).count("answered")
     assert 0 < answered < len(calls)
-    assert sum(len(f[3]) for f in frames if f[0] == http2.DATA) == answered * ANSWER_BYTES
+    assert sum(len(f[3]) for f in frames if f[0] == wire.DATA) == answered * ANSWER_BYTES
     assert harness.budget.used == 0
     await probe(harness)
 
@@ -356,10 +357,10 @@ async def test_a_malformed_request_fails_its_stream_only(
 ) -> None:
     await harness.serve()
     peer = await harness.connect(Peer)
-    bad = http2.frame(http2.HEADERS, http2.END_HEADERS | http2.END_STREAM, 1, hpack.encode(fields))
+    bad = wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, 1, hpack.encode(fields))
     peer.write(RAW_START + bad + raw_headers(3, b"/fine"))
     frames = await peer.frames_until(lambda frames: 3 in trailers_seen(frames))
-    assert (http2.RST_STREAM, 0, 1, struct.pack(">L", http2.PROTOCOL_ERROR)) in frames
+    assert (wire.RST_STREAM, 0, 1, struct.pack(">L", wire.PROTOCOL_ERROR)) in frames
     assert [r.stream_id for r in harness.requests] == [3]
 
 
@@ -371,21 +372,21 @@ async def test_a_body_that_differs_from_its_content_length_fails_its_stream(
     fields = [*request_fields(b"/"), (b"content-length", b"10")]
     peer.write(
         RAW_START
-        + http2.frame(http2.HEADERS, http2.END_HEADERS, 1, hpack.encode(fields))
-        + http2.frame(http2.DATA, http2.END_STREAM, 1, b"short")
+        + wire.frame(wire.HEADERS, wire.END_HEADERS, 1, hpack.encode(fields))
+        + wire.frame(wire.DATA, wire.END_STREAM, 1, b"short")
     )
-    protocol_error = (http2.RST_STREAM, 0, 1, struct.pack(">L", http2.PROTOCOL_ERROR))
+    protocol_error = (wire.RST_STREAM, 0, 1, struct.pack(">L", wire.PROTOCOL_ERROR))
     await peer.frames_until(lambda frames: protocol_error in frames)
     assert not harness.requests
 
 
 STREAM_STATE_ERRORS = {  # frames on streams in the wrong state: the connection's error code
-    "lower-stream-id": (raw_headers(5, b"/a") + raw_headers(3, b"/b"), http2.PROTOCOL_ERROR),
-    "window-update-on-idle": (window_update(7, 1), http2.PROTOCOL_ERROR),
-    "goaway-on-a-stream": (http2.frame(http2.GOAWAY, 0, 1, b"\0" * 8), http2.PROTOCOL_ERROR),
+    "lower-stream-id": (raw_headers(5, b"/a") + raw_headers(3, b"/b"), wire.PROTOCOL_ERROR),
+    "window-update-on-idle": (window_update(7, 1), wire.PROTOCOL_ERROR),
+    "goaway-on-a-stream": (wire.frame(wire.GOAWAY, 0, 1, b"\0" * 8), wire.PROTOCOL_ERROR),
     "settings-ack-with-payload": (
-        http2.frame(http2.SETTINGS, http2.ACK, 0, b"\0" * 6),
-        http2.FRAME_SIZE_ERROR,
+        wire.frame(wire.SETTINGS, wire.ACK, 0, b"\0" * 6),
+        wire.FRAME_SIZE_ERROR,
     ),
 }
 
@@ -408,9 +409,9 @@ async def test_data_on_a_stream_that_ended_is_stream_closed(harness: Harness) ->
     peer = await harness.connect(Peer)
     peer.write(RAW_START + raw_headers(1, b"/a"))
     await peer.frames_until(lambda frames: 1 in trailers_seen(frames))
-    peer.write(http2.frame(http2.DATA, 0, 1, b"late"))
+    peer.write(wire.frame(wire.DATA, 0, 1, b"late"))
     frames = await peer.frames_until(None)
-    assert goaway(frames)[1] == http2.STREAM_CLOSED
+    assert goaway(frames)[1] == wire.STREAM_CLOSED
 
 
 async def test_a_burst_of_calls_is_started_over_several_turns_and_all_answered(
@@ -428,13 +429,13 @@ async def test_a_burst_of_calls_is_started_over_several_turns_and_all_answered(
         turns.add(loop_turn[0])
         return await echo(request)
 
-    calls = [2 * i + 1 for i in range(3 * http2.CALLS_PER_TURN)]
+    calls = [2 * i + 1 for i in range(3 * CALLS_PER_TURN)]
     tick()
     await harness.serve(handler)
     peer = await harness.connect(Peer)
     peer.write(RAW_START + b"".join(raw_headers(sid, b"/burst") for sid in calls))
     frames = await peer.frames_until(lambda frames: set(calls) <= trailers_seen(frames))
-    assert sum(f[0] == http2.DATA for f in frames) == len(calls)
+    assert sum(f[0] == wire.DATA for f in frames) == len(calls)
     assert len(turns) >= 3  # at most CALLS_PER_TURN started per turn
 
 
@@ -448,7 +449,7 @@ async def test_an_answer_larger_than_the_budget_still_reaches_a_client_that_open
 
     await harness.serve(handler, max_body=1000, limits=Http2Limits(connection_buffer_bytes=1))
     peer = await harness.connect(Peer)
-    peer.write(http2.PREFACE + settings(initial_window=0) + raw_headers(1, b"/huge"))
+    peer.write(wire.PREFACE + settings(initial_window=0) + raw_headers(1, b"/huge"))
     await asyncio.sleep(0.1)  # parked: the connection starts no new call
     peer.write(raw_headers(3, b"/small"))  # queued, not lost
     await asyncio.sleep(0.1)
@@ -456,5 +457,5 @@ async def test_an_answer_larger_than_the_budget_still_reaches_a_client_that_open
     # The client's window opening must still be read while the answer is parked.
     peer.write(settings(initial_window=4 << 20) + window_update(0, 4 << 20))
     frames = await peer.frames_until(lambda frames: {1, 3} <= trailers_seen(frames))
-    assert sum(len(f[3]) for f in frames if f[0] == http2.DATA and f[2] == 1) == 2 << 20
+    assert sum(len(f[3]) for f in frames if f[0] == wire.DATA and f[2] == 1) == 2 << 20
     assert harness.budget.used == 0

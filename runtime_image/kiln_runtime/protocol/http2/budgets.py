@@ -1,0 +1,67 @@
+"""The two kinds of budget that bound what a client may cost: memory and floods.
+
+Why it exists: memory is bounded across every connection of a port (``MemoryBudget``, shared),
+floods of cheap frames per connection (``FloodBudget``, a token bucket), as Go, nginx and Envoy
+bound them. Both are plain counters; the connection decides what to do when one runs out
+(stop reading, or GOAWAY ENHANCE_YOUR_CALM).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kiln_runtime.protocol.http2.state import ConnectionState
+
+FLOOD_BURST_SECONDS = 10.0  # each flood budget holds this many seconds of its rate
+
+
+class MemoryBudget:
+    """Bytes that every connection of a port holds (request bodies, unsent responses).
+
+    A connection over it reopens no receive window and starts no request; it waits here and
+    is resumed when another connection releases memory.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.peak = 0
+        self._waiting: set[ConnectionState] = set()
+
+    @property
+    def exhausted(self) -> bool:
+        return self.used >= self.limit
+
+    def charge(self, size: int) -> None:
+        self.used += size
+        self.peak = max(self.peak, self.used)
+
+    def release(self, size: int) -> None:
+        self.used -= size
+        if self._waiting and not self.exhausted:
+            waiting, self._waiting = self._waiting, set()
+            for connection in waiting:
+                connection.budget_freed()
+
+    def wait(self, connection: ConnectionState) -> None:
+        self._waiting.add(connection)
+
+    def forget(self, connection: ConnectionState) -> None:
+        self._waiting.discard(connection)
+
+
+class FloodBudget:
+    """A token bucket: ``rate`` events a second, a burst of ``FLOOD_BURST_SECONDS`` of them."""
+
+    def __init__(self, rate: float) -> None:
+        self._rate = rate
+        self._burst = rate * FLOOD_BURST_SECONDS
+        self._tokens = self._burst
+        self._at = 0.0
+
+    def spend(self, now: float) -> bool:
+        """Count one event at ``now``; False once the budget is spent."""
+        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate) - 1
+        self._at = now
+        return self._tokens >= 0

@@ -1,0 +1,173 @@
+"""One client's HTTP/2 connection: the asyncio protocol, its timeouts and its shutdown.
+
+Why it exists: this is the face of the package, the object ``grpcserver`` creates per accepted
+socket. It is the top layer of the connection (see ``state`` for the layers): it refuses a
+connection over ``Http2Limits.max_connections`` at accept, sends the server preface, feeds the
+socket's bytes to ``receiving``, pauses and resumes with the socket's buffers, checks the
+preface, header, body and idle timeouts once a tick, and ends the connection with GOAWAY: on
+shutdown, on a protocol error, and at its maximum age (gRPC's MAX_CONNECTION_AGE).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import struct
+
+from kiln_runtime.protocol.http2.receiving import Receiving
+from kiln_runtime.protocol.http2.settings import server_preface
+from kiln_runtime.protocol.http2.wire import (
+    CANCEL,
+    ENHANCE_YOUR_CALM,
+    GOAWAY,
+    MAX_STREAM_ID,
+    NO_ERROR,
+    ProtocolViolation,
+    frame,
+)
+
+log = logging.getLogger(__name__)
+
+AGE_JITTER = 0.1  # a connection's maximum age varies by this fraction either way
+AGE_GOAWAY_GAP_SECONDS = 1.0  # between an aged connection's first GOAWAY and its final one
+WRITE_HIGH_WATER = 1 << 20  # bytes in the socket's send buffer before pause_writing
+TICK_SECONDS = 1.0  # how often a connection checks its timeouts
+
+
+class Http2Connection(Receiving):
+    """One client's HTTP/2 connection: the asyncio protocol, its timeouts and its shutdown.
+
+    Built in layers (``state``, ``answering``, ``receiving``): its constructor is
+    ``ConnectionState.__init__``.
+    """
+
+    # asyncio.Protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        if len(self._connections) >= self._limits.max_connections:
+            log.warning("refused a connection: %d open", len(self._connections))
+            transport.abort()  # refused at accept: no preface, no memory
+            return
+        self._transport = transport
+        self._connections.add(self)
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        transport.write(server_preface(self._limits))
+        self._timers.append(self._loop.call_later(TICK_SECONDS, self._tick))
+        if self._max_age > 0:  # jittered, so connections made together do not age together
+            age = self._max_age * random.uniform(1 - AGE_JITTER, 1 + AGE_JITTER)
+            self._timers.append(self._loop.call_later(age, self._age_out))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self._connections.discard(self)
+        self._budget.forget(self)
+        self._transport = None
+        for stream in self._streams.values():
+            if stream.task is not None:
+                stream.task.cancel()
+        self._streams.clear()
+        self._blocked.clear()
+        self._queued.clear()
+        self._hold(-self._held)
+        self._parked = 0
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        self._turn_calls = 0
+        try:
+            self._parse()
+        except ProtocolViolation as error:
+            self._fail(error)
+            return
+        self._flush()
+
+    def pause_writing(self) -> None:
+        """The socket's send buffer is full: the peer is not reading. Start nothing new."""
+        self._write_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._send_blocked()
+        self._start_queued()
+        self._update_reading()
+        self._flush()
+
+    def budget_freed(self) -> None:
+        """The process budget has room again (``MemoryBudget``)."""
+        if self._transport is None:
+            return
+        self._reopen_window()
+        self._start_queued()
+        self._update_reading()
+        self._flush()
+
+    def _fail(self, error: ProtocolViolation) -> None:
+        log.info("HTTP/2 connection error %d: %s", error.code, error)
+        self._goaway(error.code, str(error).encode()[:256])
+        self._flush()
+        if self._transport is not None:
+            self._transport.close()
+
+    # timeouts --------------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        """Once a second: the preface, header, body and idle timeouts."""
+        if self._transport is None:
+            return
+        now = self._loop.time()
+        limits = self._limits
+        self._timers = [t for t in self._timers if not t.cancelled() and t.when() > now]
+        self._timers.append(self._loop.call_later(TICK_SECONDS, self._tick))
+        if not self._preface_seen and now - self._opened > limits.header_timeout_seconds:
+            self._transport.abort()  # not an HTTP/2 client, or a silent one
+            return
+        header_late = now - self._continuing_since > limits.header_timeout_seconds
+        if self._continuing is not None and header_late:
+            self._fail(ProtocolViolation(ENHANCE_YOUR_CALM, "header block timed out"))
+            return
+        for stream in list(self._streams.values()):
+            body_late = now - stream.opened > limits.body_timeout_seconds
+            if body_late and not stream.remote_closed and not stream.dispatched:
+                self._reset(stream, CANCEL)
+        if self._streams:
+            self._last_active = now
+        elif now - self._last_active > limits.idle_timeout_seconds:
+            self.shut_down()
+        self._flush()
+
+    # shutdown --------------------------------------------------------------------------------
+
+    def shut_down(self) -> None:
+        """Refuse new streams (GOAWAY), answer the open ones, then close."""
+        if self._transport is None:
+            return
+        self._goaway(NO_ERROR)
+        self._flush()
+        if not self._streams:
+            self._transport.close()
+
+    def _age_out(self) -> None:
+        """The connection reached its maximum age: ask the client to reconnect, as gRPC servers'
+        MAX_CONNECTION_AGE does, so that a long-lived client re-enters the Service's balancing
+        and reaches replicas added since it connected. First a GOAWAY naming the highest stream
+        id (streams the client is opening right now are still served), a second later the final
+        one; calls still running when the grace ends are cut."""
+        if self._transport is None or self._going_away:
+            return
+        self._out.append(frame(GOAWAY, 0, 0, struct.pack(">LL", MAX_STREAM_ID, NO_ERROR)))
+        self._flush()
+        loop = asyncio.get_running_loop()
+        self._timers.append(loop.call_later(AGE_GOAWAY_GAP_SECONDS, self.shut_down))
+        self._timers.append(
+            loop.call_later(AGE_GOAWAY_GAP_SECONDS + self._max_age_grace, self.abort)
+        )
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()

@@ -1,0 +1,208 @@
+"""What one HTTP/2 connection holds, and the accounting that keeps it within its budgets.
+
+Why it exists: ``Http2Connection`` is one object built in layers, each a class of this package
+that calls only the layers below it: ``ConnectionState`` here (what the connection and each
+stream hold, and its memory), ``answering.Answering`` (requests to the handler, answers to the
+socket within the peer's windows), ``receiving.Receiving`` (frames from the socket) and
+``connection.Http2Connection`` (the asyncio protocol, timeouts, shutdown). Everything the
+connection holds is set in ``ConnectionState.__init__``, in one place.
+
+The memory rules live here: request bytes are held until their call is answered, answer bytes
+until the peer's window takes them, both charged to the connection's and the process's
+budgets. The connection's receive window is reopened only as held bytes are released, and the
+socket is not read while the peer does not read its own.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kiln_runtime.config import Http2Limits
+from kiln_runtime.protocol import hpack
+from kiln_runtime.protocol.http2.budgets import FloodBudget, MemoryBudget
+from kiln_runtime.protocol.http2.messages import AnswersEarly, Handler, Request, Streaming
+from kiln_runtime.protocol.http2.settings import CONNECTION_WINDOW
+from kiln_runtime.protocol.http2.wire import (
+    DEFAULT_MAX_FRAME,
+    DEFAULT_WINDOW,
+    GOAWAY,
+    frame,
+    window_update,
+)
+
+if TYPE_CHECKING:
+    from kiln_runtime.protocol.http2.connection import Http2Connection
+
+RECENT_STREAMS = 1024  # closed streams remembered: late frames on them are told apart
+# A compressed header block may be this many times the header list limit (indexed fields make
+# a block smaller than its list); past it the block is refused unread, ending the connection.
+HEADER_BLOCK_FACTOR = 2
+
+
+@dataclass
+class Stream:
+    """One stream's request and what the connection tracks of it until its answer is out."""
+
+    request: Request
+    send_window: int
+    opened: float  # loop time of its headers: the body timeout counts from here
+    remote_closed: bool = False
+    dispatched: bool = False
+    unacked: int = 0  # bytes received since the last stream WINDOW_UPDATE
+    received: int = 0  # body bytes received (unpadded), against content-length
+    content_length: int | None = None
+    buffered: int = 0  # request bytes this stream holds of the connection's budget
+    parked: int = 0  # answer bytes this stream holds, waiting for the peer
+    headers_sent: bool = False  # a streamed answer's headers are out
+    open_ended: bool = False  # a streamed answer: more data may follow what is pending
+    task: asyncio.Task[None] | None = None
+    pending: memoryview | None = None  # response data waiting for the peer's window
+    pending_trailers: bytes | None = None
+
+
+class ConnectionState(asyncio.Protocol):
+    """The state of one connection (``__init__``) and its memory accounting."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        max_body: int,
+        connections: set[Http2Connection],
+        max_age: float = 0.0,
+        max_age_grace: float = 10.0,
+        *,
+        limits: Http2Limits | None = None,
+        budget: MemoryBudget | None = None,
+        answers_early: AnswersEarly | None = None,
+        streaming: Streaming | None = None,
+    ) -> None:
+        limits = limits or Http2Limits()
+        self._handler = handler
+        self._answers_early = answers_early
+        self._streaming = streaming
+        self._max_age = max_age
+        self._max_age_grace = max_age_grace
+        self._limits = limits
+        self._timers: list[asyncio.TimerHandle] = []
+        self._max_body = max_body
+        self._connections = connections
+        self._transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+        self._buffer = bytearray()
+        self._preface_seen = False
+        self._decoder = hpack.Decoder(max_header_list_size=limits.max_header_list_size)
+        self._max_block = HEADER_BLOCK_FACTOR * limits.max_header_list_size
+        self._streams: dict[int, Stream] = {}
+        self._blocked: dict[int, Stream] = {}  # streams whose response waits for window
+        self._queued: dict[int, Stream] = {}  # complete requests waiting for the budget
+        self._last_stream_id = 0
+        # Recently closed streams: True if this server reset them (late frames are ignored,
+        # RFC 9113 5.1), False if they ended or the peer reset them (late frames are errors).
+        self._recent: dict[int, bool] = {}
+        self._continuing: tuple[int, int, bytearray] | None = None  # stream, flags, block
+        self._continuing_since = 0.0
+        self._peer_window = DEFAULT_WINDOW  # the peer's initial stream window
+        self._peer_max_frame = DEFAULT_MAX_FRAME
+        self._send_window = DEFAULT_WINDOW  # connection-level, towards the peer
+        self._receive_window = CONNECTION_WINDOW  # what the peer may still send us
+        # Memory this connection holds: request bytes received and not yet answered, and
+        # response bytes parked for the peer's window. Charged to the process budget too.
+        self._budget = budget or MemoryBudget(limits.process_buffer_bytes)
+        self._connection_budget = max(limits.connection_buffer_bytes, max_body + CONNECTION_WINDOW)
+        self._held = 0
+        self._parked = 0  # of which response bytes
+        self._write_paused = False
+        self._read_paused = False
+        self._turn_calls = 0  # calls started in this turn's parse
+        self._backlog = False  # frames left unparsed for the next turn
+        self._resets = FloodBudget(limits.resets_per_second)
+        self._empty_frames = FloodBudget(limits.empty_frames_per_second)
+        self._control_frames = FloodBudget(limits.control_frames_per_second)
+        self._opened = self._loop.time()
+        self._last_active = self._opened  # last time a stream was open
+        self._out: list[bytes] = []  # frames to send, written together by _flush
+        self._going_away = False
+        self.closed = self._loop.create_future()
+
+    # memory ----------------------------------------------------------------------------------
+
+    def _hold(self, size: int) -> None:
+        self._held += size
+        if size > 0:
+            self._budget.charge(size)
+        elif size < 0:
+            self._budget.release(-size)
+
+    def _over_budget(self) -> bool:
+        """No more request bytes may be let in (the receive window stays shut)."""
+        if self._held >= self._connection_budget:
+            return True
+        if self._budget.exhausted:
+            self._budget.wait(self)
+            return True
+        return False
+
+    def _congested(self) -> bool:
+        """No new call may start: the peer does not take its answers. (Request bytes never
+        block a start: answering is what releases them.)"""
+        return self._write_paused or self._parked >= self._connection_budget
+
+    def _update_reading(self) -> None:
+        """Stop reading the socket while the peer does not read its own (its requests wait in
+        TCP) or while a burst waits for the next turn. Answers parked for the peer's window
+        do not stop reading: its WINDOW_UPDATE must get through; new calls queue instead."""
+        if self._transport is None:
+            return
+        congested = self._write_paused or self._backlog
+        if congested and not self._read_paused:
+            self._transport.pause_reading()
+            self._read_paused = True
+        elif not congested and self._read_paused:
+            self._transport.resume_reading()
+            self._read_paused = False
+            if self._buffer:  # frames that arrived before the pause
+                self._loop.call_soon(self.data_received, b"")
+
+    def _reopen_window(self) -> None:
+        """Give the peer back connection window for what was consumed, within the budgets."""
+        if self._over_budget():
+            return
+        room = min(CONNECTION_WINDOW, self._connection_budget - self._held)
+        increment = room - self._receive_window
+        if increment >= min(CONNECTION_WINDOW // 2, room):
+            self._receive_window += increment
+            self._out.append(window_update(0, increment))
+
+    def _release(self, stream: Stream) -> None:
+        if stream.buffered:
+            self._hold(-stream.buffered)
+            stream.buffered = 0
+            self._reopen_window()
+
+    @abc.abstractmethod
+    def budget_freed(self) -> None:
+        """The process budget has room again (called by ``MemoryBudget``); ``Http2Connection``
+        reopens the window and starts what waited."""
+
+    # closed streams --------------------------------------------------------------------------
+
+    def _remember(self, stream_id: int, reset_here: bool) -> None:
+        self._recent[stream_id] = reset_here
+        if len(self._recent) > RECENT_STREAMS:
+            del self._recent[next(iter(self._recent))]
+
+    # frames out ------------------------------------------------------------------------------
+
+    def _goaway(self, code: int, debug: bytes = b"") -> None:
+        self._going_away = True
+        payload = struct.pack(">LL", self._last_stream_id, code) + debug
+        self._out.append(frame(GOAWAY, 0, 0, payload))
+
+    def _flush(self) -> None:
+        if self._out and self._transport is not None:
+            self._transport.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
+        self._out.clear()
