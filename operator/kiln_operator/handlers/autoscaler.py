@@ -19,6 +19,7 @@ from kiln_operator import constants
 from kiln_operator.handlers.inferenceservice import PROMETHEUS_URL
 from kiln_operator.k8s.autoscaler import Autoscaler
 from kiln_operator.k8s.client import ApiError
+from kiln_operator.k8s.events import post_event
 
 RETRY_SECONDS = 15.0
 
@@ -102,19 +103,22 @@ async def inferenceservice_autoscaler(
                 interval = evaluation.interval_seconds
                 decision = evaluation.decision
                 if evaluation.state_problem:
-                    kopf.warn(
-                        body,
+                    await post_event(
+                        memo.kube,
+                        dict(body),
+                        type="Warning",
                         reason=EVENT_INVALID_STATE,
                         message=evaluation.state_problem,
                     )
                 if decision.desired_replicas != evaluation.previous_replicas:
                     up = decision.desired_replicas > evaluation.previous_replicas
-                    kopf.event(  # kopf.info would be filtered by the posting level
-                        body,
+                    await post_event(
+                        memo.kube,
+                        dict(body),
                         type="Normal",
                         reason=EVENT_SCALED_UP if up else EVENT_SCALED_DOWN,
                         message=f"{evaluation.previous_replicas} -> {decision.desired_replicas}"
-                        f" ({decision.reason}): {decision.message}"[:1024],
+                        f" ({decision.reason}): {decision.message}",
                     )
         due = started + interval
         await stopped.wait(interval)

@@ -24,6 +24,7 @@ from kiln_operator import constants
 from kiln_operator.handlers.inferenceservice import WARMUP_BUDGET_BYTES
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, KubeClient
+from kiln_operator.k8s.events import post_event
 from kiln_operator.k8s.platform import PlatformObjects
 from kiln_operator.k8s.resources import INFERENCE_SERVICES, PODS
 from kiln_operator.status.download import model_download, model_download_failure
@@ -287,8 +288,10 @@ async def _gate(
         if warmed is not None:
             observe_warm_pod(warmed, service, downloads_observed)
     else:
-        kopf.warn(
-            cast(kopf.Body, pod),
+        await post_event(
+            kube,
+            {"apiVersion": "v1", "kind": "Pod", **pod},
+            type="Warning",
             reason=verdict.reason,
             message=f"warm-up failed after {attempts} attempts: {verdict.message}",
         )

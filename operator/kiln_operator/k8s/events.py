@@ -1,20 +1,17 @@
-"""Post a Kubernetes Event (core/v1) on an object from outside kopf's handler context.
+"""Post a Kubernetes Event (core/v1) on an object: the one way Kiln posts events.
 
 Why it exists: the reconcile loop's events (Ready, NotReady, InvalidSpec: decided by
 `status.compute`, posted by `handlers/inferenceservice.py`'s `_announce`) are posted from the
 work queue's workers, which the startup handler starts. kopf sets its event queue only in the
 tasks that handle one object's watch events, so there `kopf.event` has no queue to post to.
 
-Kiln posts events two ways, and this is one of them. The other is kopf's own `kopf.event` /
-`kopf.warn`, used from code that runs inside an object's handler: the autoscaler daemon
-(ScaledUp, ScaledDown, InvalidAutoscalerState on the InferenceService, `handlers/autoscaler.py`)
-and the warm-up gate (the failed verdict's reason on the Pod, `handlers/warmup_gate.py`). kopf
-queues those and posts them in the background, so neither loop waits on the API server.
-They stay two because moving either changes what is posted: kopf names its Events `kiln-…`,
-adds action, eventTime and reportingInstance, cuts a long message in the middle and posts with
-its own client; these are named `kiln-operator-…`, cut at the end and posted with the
-operator's client (user agent kiln-operator/…, counted as the operator's writes by the operator
-benchmark). Both put the same type, reason and involved object as the caller gives them.
+Every event Kiln posts goes through here: the reconcile loop's (posted by
+`handlers/inferenceservice.py`'s `_announce`), the autoscaler's (ScaledUp, ScaledDown,
+InvalidAutoscalerState on the InferenceService, `handlers/autoscaler.py`) and the warm-up gate's
+(a failed verdict's reason on the Pod, `handlers/warmup_gate.py`). One way, so every Event is
+named `kiln-operator-…`, reports the component `kiln-operator`, is cut at the end to 1024
+characters, and is posted with the operator's own client (its writes are counted as the
+operator's). kopf's `kopf.event` would need an object's handler context the work queue lacks.
 
 A failure to post is logged, never a failed reconcile: events are notices, not state.
 """
