@@ -23,6 +23,9 @@ IMAGE_PULL_REASONS = frozenset(
 """Container waiting reasons of the kubelet that mean the image cannot be had."""
 CONFIG_ERROR_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError"})
 """Container waiting reasons meaning the container cannot be created as specified."""
+FAILED_CREATE = "FailedCreate"
+"""The ReplicaSet's ReplicaFailure reason when it cannot create a pod (FailedDelete when it cannot
+delete one)."""
 SCHEDULER_UNSCHEDULABLE = "Unschedulable"
 """The scheduler's PodScheduled reason when no node fits the pod (v1.PodReasonUnschedulable)."""
 MAX_CAUSE = 400
@@ -137,10 +140,11 @@ def _refused(deployment: dict[str, Any] | None) -> Cause | None:
     failure = _condition((deployment.get("status") or {}).get("conditions"), "ReplicaFailure")
     if not failure or failure.get("status") != "True":
         return None
+    if failure.get("reason", FAILED_CREATE) != FAILED_CREATE:
+        return None  # FailedDelete: a scale-down the API server refused, not a missing pod
     return Cause(
         constants.REASON_PODS_REFUSED,
-        f"pods cannot be created ({failure.get('reason', 'FailedCreate')}): "
-        f"{_trim(failure.get('message', ''))}",
+        f"pods cannot be created ({FAILED_CREATE}): {_trim(failure.get('message', ''))}",
         failure=True,
     )
 

@@ -72,7 +72,7 @@ def test_unschedulable_pods_carry_the_schedulers_message_and_are_counted() -> No
     assert two.message.startswith("pod b and 1 more cannot be scheduled: 0/4 nodes are available")
 
 
-def test_placed_gated_and_departing_pods_are_no_placement_failure() -> None:
+def test_placed_gated_or_departing_pods_and_a_failed_delete_are_no_placement_failure() -> None:
     gated = {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}
     leaving = pod("d", NO_PRODUCT)
     leaving["metadata"]["deletionTimestamp"] = "2026-11-25T11:59:00Z"
@@ -82,6 +82,8 @@ def test_placed_gated_and_departing_pods_are_no_placement_failure() -> None:
     assert placement_failure(None, []) is None
     over = {**REFUSED, "status": "False"}
     assert placement_failure(kube_objects.deployment(conditions=[over]), []) is None
+    undeletable = {**REFUSED, "reason": "FailedDelete", "message": 'pods "x" is forbidden'}
+    assert placement_failure(kube_objects.deployment(conditions=[undeletable]), []) is None
 
 
 def test_above_the_floor_ready_holds_and_replicas_feasible_names_the_quota() -> None:
