@@ -91,6 +91,11 @@ CONDITION_PROGRESSING: Final = "Progressing"
 CONDITION_REPLICA_FLOOR_MET: Final = "ReplicaFloorMet"
 """False while fewer pods are available than spec.autoscaling.minReplicas, with the first cause;
 Ready stays True meanwhile as long as pods of the current spec serve."""
+CONDITION_REPLICAS_FEASIBLE: Final = "ReplicasFeasible"
+"""False while pods the Deployment asks for cannot exist: the ReplicaSet cannot create them
+(PodsRefused: a ResourceQuota, a LimitRange, an admission webhook) or the scheduler finds no node
+for one (Unschedulable: too few GPUs, no node with the GPU product), with Kubernetes' message.
+The autoscaler adds no replicas meanwhile; Ready is unaffected while pods serve."""
 CONDITION_STALLED: Final = "Stalled"
 """kstatus's abnormal-true condition: True when the service cannot reach its spec without a
 person acting (an invalid spec, a refused child, a stalled rollout, a failed warm-up), with
@@ -159,6 +164,8 @@ REASON_FLOOR_MET: Final = "FloorMet"
 """At least minReplicas pods are available."""
 REASON_FLOOR_NOT_MET: Final = "FloorNotMet"
 """Fewer than minReplicas pods are available; the message says why."""
+REASON_ALL_PODS_PLACED: Final = "AllPodsPlaced"
+"""ReplicasFeasible is True: every pod the Deployment asks for was created and scheduled."""
 REASON_CHILD_CONFLICT: Final = "ChildConflict"
 """A child's name (Deployment, Service, PodDisruptionBudget, ServiceMonitor) is held by an
 object the InferenceService does not control; Kiln writes nothing to it until it is gone."""

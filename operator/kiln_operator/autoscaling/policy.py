@@ -19,6 +19,10 @@ The policy, in order (docs/autoscaling.md explains it with the PromQL behind eac
 4. Healthy: size for the target utilization (20-30 % headroom) with a +-10 % hysteresis band;
    add replicas if the headroom is gone (only with a measured capacity); remove replicas only
    after both signals have been healthy for the hold window, one bounded step per period.
+5. Pods that cannot be placed (the ReplicaSet cannot create them: a quota, a LimitRange, an
+   admission refusal; or the scheduler finds no node for one): replicas are never raised above
+   the current count, whatever the steps above wanted, until they can be placed again; lowering
+   them stays allowed.
 """
 
 import math
@@ -76,6 +80,10 @@ class MetricsObservation:
     """The service's batch rows, batch count, compute time and successful requests over the
     metrics window: the capacity estimate's input (`autoscaling.capacity`)."""
     metrics_error: str | None = None
+    placement_failure: str | None = None
+    """Why pods already asked for cannot be created or scheduled, in Kubernetes' words (the
+    Deployment's ReplicaFailure, the scheduler's message); None when every one was placed.
+    While set, more replicas would only add more pods that cannot run: no scale-up."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,9 @@ def decide(
     if desired > scaling.max_replicas:
         desired, reason = scaling.max_replicas, reasons.MAX_REPLICAS
         message = f"{message}; capped at maxReplicas {scaling.max_replicas}"
+    if desired > current and observed.placement_failure is not None:
+        message = f"held at {current}, wanted {desired}: {observed.placement_failure} ({message})"
+        desired, reason = current, reasons.SCALE_UP_BLOCKED
 
     new_state = proposal.state
     if desired != current:

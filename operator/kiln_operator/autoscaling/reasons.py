@@ -19,6 +19,11 @@ added to restore headroom before latency suffers."""
 SCALE_UP_PENDING: Final = "ScaleUpPending"
 """More replicas are wanted but earlier new replicas are still warming: no stacking."""
 
+SCALE_UP_BLOCKED: Final = "ScaleUpBlocked"
+"""More replicas are wanted, but pods already asked for cannot be created (a ResourceQuota, a
+LimitRange, an admission webhook) or scheduled (no node has the GPUs or the GPU product): the
+replicas stay at the current count until they can be placed; the message has Kubernetes' cause."""
+
 SCALE_UP_STABILIZING: Final = "ScaleUpStabilizing"
 """The SLO is breached but not yet for the scale-up stabilization window."""
 

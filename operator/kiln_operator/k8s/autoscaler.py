@@ -1,15 +1,16 @@
 """One autoscaler evaluation of one InferenceService: read, decide, act, explain.
 
 Why it exists: `decide` is pure; this module gathers its inputs (the Deployment's replicas, the
-pods' warm-up times, Prometheus' signals, the state kept in an annotation on the object), and
-carries out the decision: pod-deletion-cost on the idlest pods before a scale-down, the
-Deployment's scale subresource (the only write of `replicas` anywhere in Kiln), status and state
-written only when something a reader would act on changed (`autoscaling.quiet`), and an event
-on each change of replicas. It reads the InferenceService, its Deployment and its pods from the
-operator's watch-fed ObjectCache, and each Prometheus endpoint through one shared
-`PrometheusSource`. Between evaluations it keeps the full decision state in memory; the
-annotation holds the part a restarted operator needs. It remembers the resourceVersions of its
-own writes, so the watch handlers can drop their echoes instead of queueing a reconcile.
+pods' warm-up times, whether pods asked for cannot be created or scheduled, Prometheus' signals,
+the state kept in an annotation on the object), and carries out the decision: pod-deletion-cost on
+the idlest pods before a scale-down, the Deployment's scale subresource (the only write of
+`replicas` anywhere in Kiln), status and state written only when something a reader would act on
+changed (`autoscaling.quiet`), and an event on each change of replicas. It reads the
+InferenceService, its Deployment and its pods from the operator's watch-fed ObjectCache, and each
+Prometheus endpoint through one shared `PrometheusSource`. Between evaluations it keeps the full
+decision state in memory; the annotation holds the part a restarted operator needs. It remembers
+the resourceVersions of its own writes, so the watch handlers can drop their echoes instead of
+queueing a reconcile.
 """
 
 import asyncio
@@ -31,6 +32,7 @@ from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import KubeClient
 from kiln_operator.k8s.platform import PlatformObjects
 from kiln_operator.k8s.resources import DEPLOYMENTS, INFERENCE_SERVICES, PODS
+from kiln_operator.status.causes import placement_failure
 from kiln_operator.status.conditions import find_condition, set_condition
 from kiln_operator.warmup.podstate import summarize
 
@@ -160,7 +162,12 @@ class Autoscaler:
             spec.autoscaling.evaluation_interval_seconds / 2.0,
         )
         cold_start = summarize(pods).cold_start_p90_seconds
-        observed = dataclasses.replace(observed, cold_start_seconds=cold_start)
+        placement = placement_failure(deployment, pods)
+        observed = dataclasses.replace(
+            observed,
+            cold_start_seconds=cold_start,
+            placement_failure=None if placement is None else placement.message,
+        )
 
         annotations = body["metadata"].get("annotations") or {}
         state_problem = None

@@ -1,11 +1,14 @@
-"""first_cause: why the pods of an InferenceService do not serve, from what the operator watches.
+"""first_cause: why the pods of an InferenceService do not serve, from what the operator watches;
+placement_failure: why pods it asks for cannot exist at all (created, then scheduled).
 
 Why it exists: "0 of 1 updated pods are available" tells nobody what to do. Kubernetes already
 knows the cause — the scheduler's reason on the pod, the ReplicaSet's failure to create pods
 (a quota) copied onto the Deployment, the kubelet's container states, the warm-up gate's
 verdict — and the operator already watches the Deployment and the pods. This reads them (no
-request of its own) and names the first cause, in the order a person should fix them. Pure: the
-objects are parameters.
+request of its own) and names the first cause, in the order a person should fix them. The
+narrower placement failure (a refused create, an unschedulable pod) is what more replicas
+cannot fix: the status says so in its own condition, and the autoscaler stops adding replicas
+while it lasts. Pure: the objects are parameters.
 """
 
 from dataclasses import dataclass
@@ -20,6 +23,11 @@ IMAGE_PULL_REASONS = frozenset(
 """Container waiting reasons of the kubelet that mean the image cannot be had."""
 CONFIG_ERROR_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError"})
 """Container waiting reasons meaning the container cannot be created as specified."""
+FAILED_CREATE = "FailedCreate"
+"""The ReplicaSet's ReplicaFailure reason when it cannot create a pod (FailedDelete when it cannot
+delete one)."""
+SCHEDULER_UNSCHEDULABLE = "Unschedulable"
+"""The scheduler's PodScheduled reason when no node fits the pod (v1.PodReasonUnschedulable)."""
 MAX_CAUSE = 400
 """Characters kept of a message Kubernetes wrote (a termination message can be long)."""
 
@@ -123,6 +131,64 @@ def _is_ready(pod: dict[str, Any]) -> bool:
     return ready is not None and ready.get("status") == "True"
 
 
+def _refused(deployment: dict[str, Any] | None) -> Cause | None:
+    """The ReplicaSet's failure to create pods, as the Deployment controller copies it onto the
+    Deployment (ReplicaFailure True, reason FailedCreate: a ResourceQuota, a LimitRange, an
+    admission webhook), else None."""
+    if deployment is None:
+        return None
+    failure = _condition((deployment.get("status") or {}).get("conditions"), "ReplicaFailure")
+    if not failure or failure.get("status") != "True":
+        return None
+    if failure.get("reason", FAILED_CREATE) != FAILED_CREATE:
+        return None  # FailedDelete: a scale-down the API server refused, not a missing pod
+    return Cause(
+        constants.REASON_PODS_REFUSED,
+        f"pods cannot be created ({FAILED_CREATE}): {_trim(failure.get('message', ''))}",
+        failure=True,
+    )
+
+
+def _unschedulable(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The pod's PodScheduled condition if the scheduler found no node for it (reason
+    Unschedulable; a pod waiting on its scheduling gates is not refused), else None."""
+    if pod["metadata"].get("deletionTimestamp"):
+        return None
+    scheduled = _condition((pod.get("status") or {}).get("conditions"), "PodScheduled")
+    if scheduled and (scheduled.get("status"), scheduled.get("reason")) == (
+        "False",
+        SCHEDULER_UNSCHEDULABLE,
+    ):
+        return scheduled
+    return None
+
+
+def placement_failure(
+    deployment: dict[str, Any] | None, pods: list[dict[str, Any]]
+) -> Cause | None:
+    """Why pods the Deployment asks for cannot run at all, whatever their spec's fate: the
+    ReplicaSet cannot create them (PodsRefused), or the scheduler finds no node for one
+    (Unschedulable: too few GPUs, no node with the GPU product, taints). None when every pod
+    asked for was created and scheduled. More replicas would only add more of the same, so
+    the autoscaler holds while this says something."""
+    refused = _refused(deployment)
+    if refused is not None:
+        return refused
+    stuck = sorted(
+        ((pod["metadata"]["name"], found) for pod in pods if (found := _unschedulable(pod))),
+        key=lambda named: str(named[0]),
+    )
+    if not stuck:
+        return None
+    name, scheduled = stuck[0]
+    who = f"pod {name}" if len(stuck) == 1 else f"pod {name} and {len(stuck) - 1} more"
+    return Cause(
+        constants.REASON_UNSCHEDULABLE,
+        f"{who} cannot be scheduled: {_trim(scheduled.get('message', ''))}",
+        failure=True,
+    )
+
+
 def first_cause(deployment: dict[str, Any] | None, pods: list[dict[str, Any]]) -> Cause | None:
     """The first reason why pods of the current spec do not serve; None if none is known.
 
@@ -130,15 +196,9 @@ def first_cause(deployment: dict[str, Any] | None, pods: list[dict[str, Any]]) -
     first, then failures of existing pods (unschedulable, image, crash loop, warm-up), then the
     pods still on their way. Pods of the current template are judged before older ones.
     """
-    if deployment is not None:
-        failure = _condition((deployment.get("status") or {}).get("conditions"), "ReplicaFailure")
-        if failure and failure.get("status") == "True":
-            return Cause(
-                constants.REASON_PODS_REFUSED,
-                f"pods cannot be created ({failure.get('reason', 'FailedCreate')}): "
-                f"{_trim(failure.get('message', ''))}",
-                failure=True,
-            )
+    refused = _refused(deployment)
+    if refused is not None:
+        return refused
     waiting = [p for p in pods if not _is_ready(p) and not p["metadata"].get("deletionTimestamp")]
     # Newest first: in a rollout, the new template's pods are the ones that matter.
     waiting.sort(key=lambda p: p["metadata"].get("creationTimestamp", ""), reverse=True)

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from kiln_operator import constants
-from kiln_operator.status.causes import Cause, first_cause
+from kiln_operator.status.causes import Cause, first_cause, placement_failure
 from kiln_operator.status.conditions import ConditionDict, find_condition, set_condition
 from kiln_operator.status.deployment import rollout_state
 
@@ -18,6 +18,7 @@ OWNED_CONDITION_TYPES = (
     constants.CONDITION_DEPLOYMENT_AVAILABLE,
     constants.CONDITION_PROGRESSING,
     constants.CONDITION_REPLICA_FLOOR_MET,
+    constants.CONDITION_REPLICAS_FEASIBLE,
     constants.CONDITION_READY,
     constants.CONDITION_STALLED,
     constants.CONDITION_RECONCILING,
@@ -208,6 +209,8 @@ def _conditions(
         if observation.min_replicas is not None:
             floor = _floor(state.available, observation.min_replicas, cause)
             conditions = put(conditions, constants.CONDITION_REPLICA_FLOOR_MET, *floor)
+        placement = placement_failure(observation.deployment, list(observation.pods))
+        conditions = put(conditions, constants.CONDITION_REPLICAS_FEASIBLE, *_feasible(placement))
         judged = find_condition(previous, constants.CONDITION_READY)
         if state.desired == 0:
             ready = (False, constants.REASON_SCALED_TO_ZERO, "the Deployment has 0 replicas")
@@ -249,6 +252,13 @@ def _conditions(
                 ready = (False, cause.reason, _with_cause(state.detail, cause))
             else:
                 ready = (False, constants.REASON_MINIMUM_REPLICAS_UNAVAILABLE, state.detail)
+        elif floor is not None and not floor[0] and placement is not None:
+            # Pods of the current spec serve, fewer than the floor, and no more can come.
+            message = (
+                f"{state.available} of {state.desired} pods available, fewer than minReplicas "
+                f"{observation.min_replicas}"
+            )
+            ready = (True, constants.REASON_AVAILABLE, _with_cause(message, placement))
         else:
             # Pods of the current spec serve; a scale-up's new pods may still be warming up.
             ready = (True, constants.REASON_AVAILABLE, state.detail)
@@ -304,6 +314,32 @@ def _floor(available: int, floor: int, cause: Cause | None) -> tuple[bool, str, 
         constants.REASON_FLOOR_NOT_MET,
         _with_cause(f"{available} of minReplicas {floor} pods available", cause),
     )
+
+
+def _feasible(placement: Cause | None) -> tuple[bool, str, str]:
+    """ReplicasFeasible: whether every pod asked for was created and scheduled, and if not, why
+    (Kubernetes' own message)."""
+    if placement is None:
+        return (
+            True,
+            constants.REASON_ALL_PODS_PLACED,
+            "every pod asked for is created and scheduled",
+        )
+    return False, placement.reason, placement.message
+
+
+def _placement_events(previous: list[ConditionDict], current: list[ConditionDict]) -> list[Event]:
+    """A Warning when pods stop being placeable, a Normal event when they are again: the
+    autoscaler's hold begins and ends with them."""
+    old = find_condition(previous, constants.CONDITION_REPLICAS_FEASIBLE)
+    new = find_condition(current, constants.CONDITION_REPLICAS_FEASIBLE)
+    if new is None or (old is not None and old.get("status") == new["status"]):
+        return []
+    if new["status"] == "False":
+        return [Event("Warning", new["reason"], new["message"])]
+    if old is None:
+        return []
+    return [Event("Normal", new["reason"], new["message"])]
 
 
 def _events(previous: list[ConditionDict], current: list[ConditionDict]) -> list[Event]:
@@ -379,6 +415,6 @@ def compute_status(
         **{key: value for key, value in desired.items() if value is not None},
         "conditions": [c for c in conditions if c["type"] in OWNED_CONDITION_TYPES],
     }
-    return StatusUpdate(
-        patch=patch or None, events=_events(previous_conditions, conditions), applied=applied
-    )
+    events = _events(previous_conditions, conditions)
+    events += _placement_events(previous_conditions, conditions)
+    return StatusUpdate(patch=patch or None, events=events, applied=applied)

@@ -309,6 +309,7 @@ async def test_status_is_applied_without_touching_other_writers_conditions() -> 
         "DeploymentAvailable",
         "Progressing",
         "ReplicaFloorMet",
+        "ReplicasFeasible",
         "Ready",
         "Stalled",
         "Reconciling",

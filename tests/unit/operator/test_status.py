@@ -259,6 +259,7 @@ def test_the_applied_status_holds_only_the_reconcile_loops_own_conditions() -> N
         "SpecValid",
         "DeploymentAvailable",
         "Progressing",
+        "ReplicasFeasible",
         "Ready",
         "Stalled",
         "Reconciling",

@@ -13,6 +13,7 @@ HEALTHY = {
     constants.REASON_ROLLOUT_COMPLETE,
     constants.REASON_METRICS_READ,
     constants.REASON_FLOOR_MET,
+    constants.REASON_ALL_PODS_PLACED,
     constants.REASON_NOT_STALLED,
     constants.REASON_CONVERGED,
 }

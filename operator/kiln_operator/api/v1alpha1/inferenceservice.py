@@ -145,9 +145,10 @@ class InferenceServiceStatus(ApiModel):
     writes status (the CRD's default, so kstatus and Argo CD read a new object as in
     progress)."""
     conditions: Annotated[list[Condition], Field(max_length=32, default_factory=list)]
-    """Ready (aggregate), SpecValid, DeploymentAvailable, Progressing, ReplicaFloorMet, Stalled
-    and Reconciling (kstatus's: Flux and `kubectl wait` read them), MetricsAvailable (the
-    autoscaler's)."""
+    """Ready (aggregate), SpecValid, DeploymentAvailable, Progressing, ReplicaFloorMet,
+    ReplicasFeasible (False while pods asked for cannot be created or scheduled, with Kubernetes'
+    message), Stalled and Reconciling (kstatus's: Flux and `kubectl wait` read them),
+    MetricsAvailable (the autoscaler's)."""
     replicas: Annotated[int | None, Field(ge=0)] = None
     """Runtime pods that exist (the Deployment's status.replicas)."""
     ready_replicas: Annotated[int | None, Field(ge=0)] = None
