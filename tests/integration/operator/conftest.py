@@ -32,17 +32,29 @@ reconcile loop, without those of the autoscaler and the warm-up gate."""
 WATCHED = {"inferenceservices", "deployments", "services", "poddisruptionbudgets"}
 
 
+KILN_CRDS = (
+    "inferenceservices.serving.kiln.dev", "clusterinferenceprofiles.serving.kiln.dev",
+    "inferenceprofiles.serving.kiln.dev", "clusterinferencepolicies.serving.kiln.dev",
+    "inferencepolicies.serving.kiln.dev", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev",
+)  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def kiln_crds(cluster: Cluster) -> Cluster:
-    """The generated CRDs, installed and established."""
+    """The generated CRDs, installed and established. `kubectl wait` fails at once on a CRD
+    created a moment ago whose status the API server has not written yet, so it is retried."""
     cluster.kubectl("apply", "-k", str(REPO / "crds"))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s",
-        "crd/inferenceservices.serving.kiln.dev", "crd/kopfpeerings.kopf.dev",
-        "crd/clusterkopfpeerings.kopf.dev", "crd/clusterinferenceprofiles.serving.kiln.dev",
-        "crd/inferenceprofiles.serving.kiln.dev", "crd/clusterinferencepolicies.serving.kiln.dev",
-        "crd/inferencepolicies.serving.kiln.dev",
-    )  # fmt: skip
+    crds = [f"crd/{name}" for name in KILN_CRDS]
+    wait_for(
+        lambda: (
+            cluster.kubectl(
+                "wait", "--for=condition=Established", "--timeout=10s", *crds, check=False
+            ).returncode
+            == 0
+        ),
+        timeout=60,
+        description="Kiln's CRDs established",
+    )
     return cluster
 
 
