@@ -26,7 +26,7 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests.adapters import Retry
 
 from kiln_operator.autoscaling.capacity import BatchWindow
-from kiln_operator.autoscaling.policy import MetricsObservation
+from kiln_operator.autoscaling.inputs import MetricsObservation
 from kiln_operator.autoscaling.signals import ServiceKey, ServiceSignals, fan_out, grouped_query
 
 QUERY_TIMEOUT_SECONDS = 5

@@ -24,7 +24,8 @@ from typing import Any
 from kiln_operator import constants
 from kiln_operator.api.v1alpha1.autoscaling import AutoscalingStatus
 from kiln_operator.autoscaling.deletion_cost import DELETION_COST_ANNOTATION, deletion_costs
-from kiln_operator.autoscaling.policy import Decision, MetricsObservation, ScalingSpec, decide
+from kiln_operator.autoscaling.inputs import MetricsObservation, ScalingSpec
+from kiln_operator.autoscaling.policy import Decision, decide
 from kiln_operator.autoscaling.prometheus import PrometheusSource, observation
 from kiln_operator.autoscaling.quiet import state_needs_write, status_needs_write
 from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState

@@ -15,7 +15,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kiln_operator.api.v1alpha1.autoscaling import AutoscalingSpec, PrewarmSpec, SloSpec
-from kiln_operator.autoscaling.policy import MetricsObservation, ScalingSpec, decide
+from kiln_operator.autoscaling.inputs import MetricsObservation, ScalingSpec
+from kiln_operator.autoscaling.policy import decide
 from kiln_operator.autoscaling.schedule import starts_between
 from kiln_operator.autoscaling.state import ScalerState
 from kiln_operator.simulator.engine import Snapshot

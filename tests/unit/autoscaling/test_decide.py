@@ -10,7 +10,8 @@ import pytest
 from kiln_operator.api.v1alpha1.autoscaling import AutoscalingSpec, PrewarmSpec, SloSpec
 from kiln_operator.autoscaling import reasons
 from kiln_operator.autoscaling.capacity import BatchWindow
-from kiln_operator.autoscaling.policy import MetricsObservation, ScalingSpec, decide
+from kiln_operator.autoscaling.inputs import MetricsObservation, ScalingSpec
+from kiln_operator.autoscaling.policy import decide
 from kiln_operator.autoscaling.state import InvalidScalerState, ScalerState
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)  # a Monday

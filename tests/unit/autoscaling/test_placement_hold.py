@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from kiln_operator.autoscaling import reasons
-from kiln_operator.autoscaling.policy import MetricsObservation, ScalingSpec, decide
+from kiln_operator.autoscaling.inputs import MetricsObservation, ScalingSpec
+from kiln_operator.autoscaling.policy import decide
 from kiln_operator.autoscaling.state import ScalerState
 from tests.unit.autoscaling.test_decide import MEASURED, WINDOW, ago, make_spec, seen
 
