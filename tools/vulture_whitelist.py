@@ -29,6 +29,8 @@ _.warmup_gate_startup
 _.warmup_gate_cleanup
 _.pod_warmup_gate
 _.platform_object_changed
+_.admission_startup
+_.inferenceservice_validate
 
 # kopf reads the OperatorSettings the startup handler sets (handlers/inferenceservice.py).
 _.level

@@ -6,10 +6,13 @@ operator Deployment, `make run-operator` against a local cluster, and the tests.
 
 import argparse
 import logging
+import os
 import secrets
 import sys
 
 import kopf
+
+from kiln_operator import constants
 
 PEERING_NAME = "kiln-operator"
 """The ClusterKopfPeering object (manifests/base) through which replicas elect one active."""
@@ -56,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         platform,
         warmup_gate,
     )
+
+    # kopf refuses to start with an admission handler and no webhook server: register it only
+    # when the webhook is configured.
+    if os.environ.get(constants.ENV_WEBHOOK_PORT):
+        from kiln_operator.handlers import admission  # noqa: F401
 
     priority = args.priority if args.priority is not None else 1 + secrets.randbelow(2**30)
     kopf.run(

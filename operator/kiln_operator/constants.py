@@ -57,6 +57,17 @@ ANNOTATION_PROMETHEUS_PATH: Final = "prometheus.io/path"
 CONDITION_WARMED_UP: Final = f"{GROUP}/warmed-up"
 """Pod condition the warm-up gate sets True once the pod met its warm-up p99 bound."""
 
+# --- validating admission webhook (handlers/admission.py; the chart's webhook configuration) --
+ENV_WEBHOOK_PORT: Final = "KILN_WEBHOOK_PORT"
+"""The operator's HTTPS port for the validating admission webhook; unset: no webhook."""
+ENV_WEBHOOK_CERT_DIR: Final = "KILN_WEBHOOK_CERT_DIR"
+"""Directory of the webhook's serving certificate and key (`tls.crt`, `tls.key`: a mounted
+`kubernetes.io/tls` Secret)."""
+WEBHOOK_HANDLER_ID: Final = "validate-inferenceservice"
+"""The admission handler's id. kopf picks the handler by the request's URL path, so the webhook
+configuration's URL (or service path) must be exactly `/validate-inferenceservice`: a path
+naming no handler would run none, and so admit everything."""
+
 # --- runtime contract ----------------------------------------------------------------------------
 RUNTIME_CONTAINER: Final = "runtime"
 FETCH_CONTAINER: Final = "fetch-model"

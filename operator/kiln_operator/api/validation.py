@@ -7,8 +7,8 @@ its Warning event. It also refuses what the API server would refuse only when th
 written (a quantity that is no quantity, a label key that is no label key), and what no child
 should ever be given (a model path leaving its claim, a warm-up request larger than the
 operator's memory budget), so the reconcile never writes a child it knows to be wrong.
-`parse_spec` is pure and needs only the spec, so an admission webhook (issue 14; none exists
-yet) can call it as it is.
+`parse_spec` is pure and needs only the spec, so the validating admission webhook
+(api/admission.py) calls it as it is and refuses such a spec at `kubectl apply`.
 """
 
 import re

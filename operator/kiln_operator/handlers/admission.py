@@ -1,0 +1,72 @@
+"""The validating admission webhook: `kubectl apply` of an invalid InferenceService fails.
+
+Thin: it hands kopf's admission request to `api.admission.admission_problems`, the one place
+that decides, and raises `kopf.AdmissionError` with all its problems in one message. Every
+replica serves it: kopf runs its webhook server beside peering, not under it, so a replica
+waiting for its turn to reconcile still answers the API server, and the webhook's Service
+spreads the reviews over all of them.
+
+The webhook's configuration is not managed here: the ValidatingWebhookConfiguration ships with
+the chart (or the kustomize component), with `failurePolicy: Ignore`, so the operator needs no
+cluster-wide right to rewrite webhook configurations, and an operator that is down delays a
+write by at most the webhook's timeout instead of blocking it. The serving certificate is read
+from KILN_WEBHOOK_CERT_DIR (`tls.crt`, `tls.key`: a mounted Secret, e.g. cert-manager's); kopf
+re-reads the files every minute and serves a renewed certificate without a restart.
+
+Imported (and so registered) only when KILN_WEBHOOK_PORT is set (`__main__`): kopf refuses to
+start with an admission handler and no webhook server.
+"""
+
+import os
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from kiln_operator import constants
+from kiln_operator.api.admission import AdmissionRequest, admission_problems, refusal_message
+from kiln_operator.handlers.inferenceservice import WARMUP_BUDGET_BYTES
+
+CERT_FILE = "tls.crt"
+KEY_FILE = "tls.key"
+REFUSED = 422
+"""The HTTP status of a refusal, as the API server's own validation uses (Unprocessable)."""
+
+
+@kopf.on.startup()
+async def admission_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Serve the webhook over HTTPS with the mounted certificate; fail the start without one."""
+    configured = os.environ.get(constants.ENV_WEBHOOK_CERT_DIR, "")
+    directory = Path(configured)
+    if not configured or not all((directory / name).is_file() for name in (CERT_FILE, KEY_FILE)):
+        raise kopf.PermanentError(
+            f"{constants.ENV_WEBHOOK_PORT} is set, so the admission webhook needs its serving "
+            f"certificate: {constants.ENV_WEBHOOK_CERT_DIR} ({configured!r}) must name a "
+            f"directory holding {CERT_FILE} and {KEY_FILE}"
+        )
+    settings.admission.server = kopf.WebhookServer(
+        port=int(os.environ[constants.ENV_WEBHOOK_PORT]),
+        certfile=directory / CERT_FILE,
+        pkeyfile=directory / KEY_FILE,
+    )
+
+
+@kopf.on.validate(
+    constants.GROUP,
+    constants.VERSION,
+    constants.PLURAL,
+    id=constants.WEBHOOK_HANDLER_ID,
+    operations=["CREATE", "UPDATE"],
+)
+async def inferenceservice_validate(*, subresource: str | None, **kwargs: Any) -> None:
+    """Refuse the write when the spec it would store is invalid, naming every field. (kopf's
+    `operation`, `new` and `old` arrive in kwargs: its WebhookFn protocol does not declare them.)"""
+    request = AdmissionRequest(
+        operation=kwargs.get("operation") or "",
+        subresource=subresource,
+        new=kwargs.get("new"),
+        old=kwargs.get("old"),
+    )
+    problems = admission_problems(request, warmup_budget_bytes=WARMUP_BUDGET_BYTES)
+    if problems:
+        raise kopf.AdmissionError(refusal_message(problems), code=REFUSED)
