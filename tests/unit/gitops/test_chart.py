@@ -10,22 +10,13 @@ import pytest
 import yaml
 
 from kiln_operator.builders.naming import Manifest
-from tests.gotools import FIRST_BUILD_TEST_TIMEOUT, go_tool, kubectl
+from tests.gotools import FIRST_BUILD_TEST_TIMEOUT, kubectl
 from tests.integration.conftest import REPO
 
 CHART = REPO / "manifests" / "charts" / "kiln"
 NAMESPACE = "kiln-system"
 HELM_LABELS = ("app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "helm.sh/chart")
 """The labels Helm charts conventionally add and kustomize's base has no counterpart of."""
-
-
-@pytest.fixture(scope="module")
-def helm(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """`helm` with its state directories in a temporary place, not the user's home."""
-    home = tmp_path_factory.mktemp("helm")
-    binary = go_tool("helm")
-    env = [f"HELM_{kind}_HOME={home / kind.lower()}" for kind in ("CACHE", "CONFIG", "DATA")]
-    return ["env", *env, str(binary)]
 
 
 def run(command: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
