@@ -86,6 +86,7 @@ class OperatorProcess:
         resync_seconds: float = 3,
         liveness: str | None = None,
         reconcile_only: bool = False,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.log = log
         if reconcile_only:  # the reconcile loop's handlers, without the autoscaler and warm-up
@@ -97,7 +98,7 @@ class OperatorProcess:
             for namespace in namespaces:
                 args += ["--namespace", namespace]
             args += ["--liveness", liveness] if liveness else []
-        env = {
+        environment = {
             **os.environ,
             "KUBECONFIG": str(kubeconfig or cluster.kubeconfig),
             "KILN_RESYNC_SECONDS": str(resync_seconds),
@@ -105,11 +106,12 @@ class OperatorProcess:
             "KILN_LIVENESS": liveness or "",
             # the tests' Prometheus servers listen on loopback, each on its own port
             "KILN_ALLOWED_PROMETHEUS_URLS": "http://127.0.0.1",
+            **(env or {}),
         }
-        env.pop("KUBERNETES_SERVICE_HOST", None)
+        environment.pop("KUBERNETES_SERVICE_HOST", None)
         self._log_file = log.open("w")
         self.process = subprocess.Popen(
-            args, env=env, stdout=self._log_file, stderr=subprocess.STDOUT, cwd=REPO
+            args, env=environment, stdout=self._log_file, stderr=subprocess.STDOUT, cwd=REPO
         )
 
     @property
