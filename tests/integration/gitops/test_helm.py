@@ -1,7 +1,8 @@
 """`helm install`, `upgrade` and `uninstall` of Kiln's chart on the local cluster: the CRDs and the
 operator arrive, its pods pass the restricted Pod Security profile, an upgrade changes the
 Deployment, a bad value is refused without touching the release, and uninstall removes exactly
-the release's objects (Helm never deletes CRDs, so InferenceServices survive)."""
+the release's objects (Helm never deletes CRDs, so InferenceServices survive); the webhook's
+generated certificate is made once and kept by upgrades."""
 
 import os
 import subprocess
@@ -120,3 +121,34 @@ def test_install_upgrade_and_uninstall(
     assert not cluster_object(cluster, "clusterrolebinding", f"{release}-operator")
     # crds/ is never deleted by Helm: uninstalling the operator keeps every InferenceService
     assert cluster_object(cluster, "crd", "inferenceservices.serving.kiln.dev")
+
+
+def test_the_webhook_certificate_is_generated_once_and_kept_by_upgrades(
+    cluster: Cluster, namespace: str, helm: Helm, release: str
+) -> None:
+    """The chart generates the webhook's CA and certificate at install; `helm upgrade` finds the
+    Secret (lookup) and keeps both, so the configuration's bundle never changes under running
+    replicas. Scoped by watchNamespaces to the test's namespace, where nothing is created."""
+    scoped = ("--set", "webhook.enabled=true", "--set", f"watchNamespaces={{{namespace}}}")
+    helm("install", release, str(CHART), "--namespace", namespace, *scoped)
+
+    def bundle() -> tuple[str, str]:
+        secret = cluster.get_json("secret", f"{release}-operator-webhook-tls", "-n", namespace)
+        configuration = cluster.get_json("validatingwebhookconfiguration", f"{release}-operator")
+        (webhook,) = configuration["webhooks"]
+        assert webhook["namespaceSelector"]["matchExpressions"][0]["values"] == [namespace]
+        return secret["data"]["ca.crt"], webhook["clientConfig"]["caBundle"]
+
+    installed_ca, installed_bundle = bundle()
+    assert installed_ca == installed_bundle
+    assert get(cluster, namespace, "service", f"{release}-operator-webhook") is not None
+
+    helm(
+        "upgrade", release, str(CHART), "--namespace", namespace, *scoped,
+        "--set", "logLevel=debug",
+    )  # fmt: skip
+    assert bundle() == (installed_ca, installed_bundle)
+
+    helm("uninstall", release, "--namespace", namespace, "--wait")
+    assert not cluster_object(cluster, "validatingwebhookconfiguration", f"{release}-operator")
+    assert get(cluster, namespace, "secret", f"{release}-operator-webhook-tls") is None
