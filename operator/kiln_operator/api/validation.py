@@ -8,7 +8,7 @@ written (a quantity that is no quantity, a label key that is no label key), and 
 should ever be given (a model path leaving its claim, a warm-up request larger than the
 operator's memory budget), so the reconcile never writes a child it knows to be wrong.
 `parse_spec` is pure and needs only the spec, so the validating admission webhook
-(api/admission.py) calls it as it is and refuses such a spec at `kubectl apply`.
+(profiles/admission.py, through the effective spec) refuses such a spec at `kubectl apply`.
 """
 
 import re

@@ -99,3 +99,18 @@ class PlatformObjects:
             self.state(str(meta.get("namespace") or "")),
             warmup_budget_bytes=warmup_budget_bytes or self._warmup_budget_bytes,
         )
+
+
+async def read_platform_state(
+    kube: KubeClient,
+    namespace: str,
+    operator_prometheus_url: str | None = None,
+    allowed_prometheus_urls: tuple[str, ...] = (),
+) -> PlatformState:
+    """The profiles and policies that apply to `namespace`, listed now from the API server
+    (four requests): for the admission webhook, which every replica serves. A replica waiting
+    for its peering turn has its watches paused, so its own PlatformObjects is only as new as
+    its start."""
+    objects = PlatformObjects(operator_prometheus_url, allowed_prometheus_urls)
+    await objects.prime(kube, [namespace])
+    return objects.state(namespace)
