@@ -13,6 +13,7 @@ that hangs or is stopped delays a write by at most the 5 s timeout and never blo
 """
 
 import base64
+import copy
 import datetime
 import ipaddress
 import json
@@ -252,9 +253,10 @@ def test_every_invalid_spec_is_refused_at_apply_naming_the_field(
     both = gpu_service("both")
     both["spec"]["resources"] = {"gpuCount": 1, "cpu": "1.2.3", "memory": "1.2.3"}
     result = apply(cluster, namespace, both, check=False)
-    assert "InferenceService refused by Kiln (2 problems): " in result.stderr
-    assert "spec.resources.cpu: '1.2.3' is not a Kubernetes quantity" in result.stderr
-    assert "spec.resources.memory: '1.2.3' is not a Kubernetes quantity" in result.stderr
+    assert f"{DENIED}: InvalidSpec: spec.resources.cpu: '1.2.3' is not a Kubernetes quantity" in (
+        result.stderr
+    )
+    assert "; spec.resources.memory: '1.2.3' is not a Kubernetes quantity" in result.stderr
 
     # a valid spec is admitted; a namespace the operator does not serve is not judged
     apply(cluster, namespace, load(SAMPLES / "cpu-test.yaml"))
@@ -307,6 +309,50 @@ def pods(cluster: Cluster, namespace: str) -> dict[str, tuple[str, str]]:
         pod["metadata"]["name"]: (pod["metadata"]["uid"], pod["metadata"]["resourceVersion"])
         for pod in items
     }
+
+
+def test_services_are_judged_with_their_namespaces_profiles_and_policies(
+    cluster: Cluster, namespace: str, serving: OperatorProcess
+) -> None:
+    """Namespaced profile and policy only: cluster-scoped ones would reach other tests."""
+    profile = {
+        "apiVersion": f"{constants.GROUP}/{constants.VERSION}",
+        "kind": constants.PROFILE_KIND,
+        "metadata": {"name": "team"},
+        "spec": {
+            "defaults": {
+                "runtime": {"image": "kiln/runtime:dev"},
+                "slo": {"p99LatencyMilliseconds": 50},
+                "autoscaling": {"maxReplicas": 4},
+            }
+        },
+    }
+    limits = {
+        "apiVersion": f"{constants.GROUP}/{constants.VERSION}",
+        "kind": constants.POLICY_KIND,
+        "metadata": {"name": "team-limits"},
+        "spec": {"maxReplicas": 3},
+    }
+    apply(cluster, namespace, profile)
+    five_lines = gpu_service("five-lines")
+    five_lines["spec"] = {"profile": "team", "model": five_lines["spec"]["model"]}
+    five_lines["spec"]["autoscaling"] = {"maxReplicas": 2}
+    apply(cluster, namespace, five_lines)  # image and SLO from the profile
+
+    apply(cluster, namespace, limits)
+    del five_lines["spec"]["autoscaling"]  # the profile's 4 is above the policy's 3
+    result = apply(cluster, namespace, five_lines, check=False)
+    assert result.returncode != 0
+    assert f"{DENIED}: PolicyViolation: InferencePolicy team-limits: " in result.stderr
+    assert "(spec resolved with InferenceProfile team)" in result.stderr
+
+    later = copy.deepcopy(five_lines)
+    later["metadata"]["name"] = "later"
+    later["spec"]["profile"] = "not-yet"
+    later["spec"]["autoscaling"] = {"maxReplicas": 2}
+    result = apply(cluster, namespace, later)
+    assert "Warning: ProfileNotFound: spec.profile: " in result.stderr
+    assert get(cluster, namespace, "inferenceservice", "later") is not None
 
 
 def test_a_replica_that_is_not_the_leader_serves_the_webhook(
