@@ -22,6 +22,7 @@ start with an admission handler and no webhook server.
 """
 
 import asyncio
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ from kiln_operator.handlers.inferenceservice import (
 from kiln_operator.k8s.client import RequestFailed
 from kiln_operator.k8s.platform import read_platform_state
 from kiln_operator.profiles.admission import AdmissionRequest, admission_verdict
+
+logger = logging.getLogger(__name__)
 
 CERT_FILE = "tls.crt"
 KEY_FILE = "tls.key"
@@ -98,7 +101,13 @@ async def inferenceservice_validate(
             "unjudged; the operator's Ready condition will judge it"
         )
         return
-    verdict = admission_verdict(request, platform, warmup_budget_bytes=WARMUP_BUDGET_BYTES)
+    try:
+        verdict = admission_verdict(request, platform, warmup_budget_bytes=WARMUP_BUDGET_BYTES)
+    except Exception:  # a bug must not turn into a refusal: kopf answers "denied" to a crash
+        name = ((request.new or {}).get("metadata") or {}).get("name")
+        logger.exception("admission review of %s/%s failed", namespace, name)
+        warnings.append("Kiln's admission check failed unexpectedly: admitted unjudged")
+        return
     warnings.extend(verdict.warnings)
     if verdict.refusal is not None:
         raise kopf.AdmissionError(verdict.refusal, code=REFUSED)

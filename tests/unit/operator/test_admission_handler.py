@@ -122,3 +122,18 @@ async def test_the_webhook_is_served_over_https_with_the_mounted_certificate(
     assert (server.port, server.addr, server.insecure) == (9443, None, False)
     assert (server.certfile, server.pkeyfile) == (tmp_path / "tls.crt", tmp_path / "tls.key")
     assert settings.admission.managed is None  # the chart ships the configuration
+
+
+async def test_a_crash_of_the_check_admits_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf answers "denied" to a handler that raises, and failurePolicy Ignore does not cover
+    that: a bug in the check must admit (the reconcile still judges the object), not refuse."""
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(admission, "admission_verdict", broken)
+    warnings: list[str] = []
+    await review(
+        FakeKube(), warnings, operation="CREATE", subresource=None, new=invalid(), old=None
+    )
+    assert warnings == ["Kiln's admission check failed unexpectedly: admitted unjudged"]
