@@ -106,7 +106,10 @@ def test_values_set_the_operator(helm: list[str], tmp_path: Path) -> None:
         "peering": {"enabled": False},
         "logLevel": "debug",
         "watchNamespaces": ["models", "canary"],
-        "prometheus": {"url": "http://prometheus.observability:9090"},
+        "prometheus": {
+            "url": "http://prometheus.observability:9090",
+            "allowedUrls": ["http://prometheus.team-a:9090", "http://thanos.observability"],
+        },
         "resources": {"requests": {"cpu": "200m", "memory": "300Mi"}},
         "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
     }
@@ -126,6 +129,9 @@ def test_values_set_the_operator(helm: list[str], tmp_path: Path) -> None:
     ]
     env = {item["name"]: item["value"] for item in container["env"]}
     assert env["KILN_PROMETHEUS_URL"] == "http://prometheus.observability:9090"
+    assert env["KILN_ALLOWED_PROMETHEUS_URLS"] == (
+        "http://prometheus.team-a:9090,http://thanos.observability"
+    )
     # Helm merges maps with the defaults: the default memory limit stays
     assert container["resources"] == {
         "requests": {"cpu": "200m", "memory": "300Mi"},
