@@ -8,17 +8,24 @@ the first reconcile, so a restarted operator never resolves a service without it
 would roll every pod to built-in defaults and back).
 """
 
+import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from kiln_operator.api.validation import DEFAULT_WARMUP_BUDGET_BYTES
 from kiln_operator.builders.naming import Manifest
-from kiln_operator.k8s.client import ApiError, KubeClient
+from kiln_operator.k8s.client import ApiError, KubeClient, RequestFailed
 from kiln_operator.k8s.resources import PLATFORM_RESOURCES, Resource
 from kiln_operator.profiles.effective import Effective, PlatformState, effective_spec
 
 logger = logging.getLogger(__name__)
+
+PRIME_SECONDS = 120.0
+"""How long the start-up listing retries an answer that may pass (429, 5xx, none)."""
+PRIME_FIRST_RETRY_SECONDS = 0.5
+PRIME_LAST_RETRY_SECONDS = 5.0
 
 
 class PlatformObjects:
@@ -63,13 +70,29 @@ class PlatformObjects:
                 await self._prime(kube, resource, scope)
 
     async def _prime(self, kube: KubeClient, resource: Resource, namespace: str | None) -> None:
-        try:
-            items = await kube.list(resource, namespace)
-        except ApiError as error:
-            if not error.is_not_found:
-                raise
-            logger.warning("%s: CRD not installed; none apply", resource.plural)
-            items = []
+        """One kind's listing. A CRD applied a moment ago answers 429 ("storage is
+        (re)initializing") for a while, as a restarting API server answers 5xx or not at all:
+        those are retried for up to PRIME_SECONDS, so an operator installed with its CRDs
+        starts instead of failing its start-up."""
+        deadline = time.monotonic() + PRIME_SECONDS
+        delay = PRIME_FIRST_RETRY_SECONDS
+        while True:
+            try:
+                items = await kube.list(resource, namespace)
+                break
+            except RequestFailed as error:
+                if isinstance(error, ApiError) and error.is_not_found:
+                    logger.warning("%s: CRD not installed; none apply", resource.plural)
+                    items = []
+                    break
+                passing = (
+                    not isinstance(error, ApiError) or error.status == 429 or (error.status >= 500)
+                )
+                if not passing or time.monotonic() + delay > deadline:
+                    raise
+                logger.warning("listing %s: %s; retrying in %.1f s", resource.plural, error, delay)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, PRIME_LAST_RETRY_SECONDS)
         for item in items:
             self.observe(resource.plural, None, item)
 
