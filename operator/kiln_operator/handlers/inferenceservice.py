@@ -13,6 +13,7 @@ gate read. Settings (peering, posting) are set at start-up here too.
 
 import logging
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
@@ -64,10 +65,29 @@ CHILD_LABELS = {constants.LABEL_MANAGED_BY: constants.MANAGER}
 logger = logging.getLogger(__name__)
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base: kopf builds one from every event of every watched object (a deep copy of
+    the whole body) for create/update/delete handlers to tell changes apart; this operator has
+    none (see above), and the copies took a tenth of its CPU with 1,000 new services (py-spy).
+    Every object's essence is empty, so kopf finds no change to hand to such handlers."""
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        return {}
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return {}
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        """Nothing to keep."""
+
+
 @kopf.on.startup()
 async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Connect to the API server and tune kopf for a level-based operator."""
     settings.posting.level = logging.WARNING
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.reporting_component = constants.MANAGER
     settings.posting.event_name_prefix = "kiln-"
     settings.watching.server_timeout = 300
