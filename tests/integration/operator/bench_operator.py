@@ -252,9 +252,17 @@ def convergence(cluster: Cluster, namespace: str, count: int) -> tuple[bool, boo
 
 
 def delete_namespace(cluster: Cluster, namespace: str) -> None:
-    """Delete the namespace and wait until it is gone: the next run starts on an API server not
-    busy deleting this one's objects."""
-    cluster.kubectl("delete", "namespace", namespace, "--timeout=600s", check=False)
+    """Delete the bare client's namespace and wait until it is gone: the operator's run that
+    follows starts on an API server not busy deleting its objects. (An operator's namespace
+    stays Terminating once its operator is stopped: kopf's finalizers on the InferenceServices
+    wait for it. That takes no work from the API server.)"""
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    wait_for(
+        lambda: cluster.kubectl("get", "namespace", namespace, check=False).returncode != 0,
+        timeout=600,
+        interval=2,
+        description=f"namespace {namespace} deleted",
+    )
 
 
 def run_bare(cluster: Cluster, count: int) -> dict[str, Any]:
@@ -375,7 +383,7 @@ def run_one(cluster: Cluster, count: int, work: Path, reconcile_only: bool) -> d
         rss = peak_rss_mb(operator.pid)
     finally:
         operator.stop()
-        delete_namespace(cluster, namespace)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
     return {
         "count": count,
         "operator": "reconcile loop only" if reconcile_only else "whole operator",
