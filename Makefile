@@ -104,7 +104,7 @@ crds: venv ## Regenerate crds/ (CRDs + kustomization) and the Helm chart's copie
 run-operator: venv ## Run the operator in the foreground against $KUBECONFIG (default: the local cluster)
 	$(KUBECTL) apply -k crds/
 	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/inferenceservices.serving.kiln.dev
-	$(PY) -m kiln_operator run
+	MALLOC_ARENA_MAX=2 $(PY) -m kiln_operator run  # as the operator's image sets it
 
 bench-operator: venv ## 100 and 1000 InferenceServices at once, and the autoscaler at steady load, on the local cluster -> docs/benchmarks/operator.md
 	$(PY) -m tests.integration.operator.bench_operator --counts 100 1000 --autoscaler-counts 100 1000 --out docs/benchmarks/operator.md

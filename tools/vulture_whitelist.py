@@ -75,9 +75,10 @@ _.p50_ms
 _.raise_at
 
 # Attributes set on third-party objects, which read them: the Kubernetes client's
-# configuration and session (k8s/client.py), onnxruntime's session options (model.py) and
-# protobuf messages (protocol/reflection.py).
+# configuration and session (k8s/client.py), onnxruntime's session options (model.py),
+# protobuf messages (protocol/reflection.py) and kopf's settings (handlers/inferenceservice.py).
 _.connection_pool_maxsize
+_.diffbase_storage
 _._trust_env
 _.user_agent
 _.graph_optimization_level
@@ -86,8 +87,10 @@ _.error_code
 _.error_message
 
 # Protocol methods and their arguments: `async with` (k8s/client.py), asyncio.Protocol
-# (protocol/http2/connection.py, protocol/httpserver.py) and httptools' parser callbacks
-# (httpserver.py).
+# (protocol/http2/connection.py, protocol/httpserver.py), httptools' parser callbacks
+# (httpserver.py) and kopf's DiffBaseStorage (handlers/inferenceservice.py).
+_.extra_fields
+_.essence
 _.exc_type
 _.exc
 _.traceback

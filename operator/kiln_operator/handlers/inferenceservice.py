@@ -13,6 +13,7 @@ gate read. Settings (peering, posting) are set at start-up here too.
 
 import logging
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
@@ -52,6 +53,11 @@ ALLOWED_PROMETHEUS_URLS = tuple(
 """Prometheus endpoints a service may name besides the operator's own, comma-separated (see
 InferencePolicy's allowedPrometheusUrls for the matching rule); ClusterInferencePolicies add
 their own. Empty: services may name only the Prometheus URLs the platform set elsewhere."""
+OTHER_CONNECTIONS = 16
+"""Open API connections of the operator's other client (autoscaler, warm-up gate, events,
+profiles): it has few requests in flight, and each open connection holds a 256 KiB TLS read
+buffer. With this pool as wide as the reconcile loop's, 1,000 new services left 146
+connections open, 18 MiB of such buffers (docs/benchmarks/operator.md)."""
 RECONCILE_COMPONENT = "reconcile"
 """User agent suffix of the reconcile loop's API client (kiln-operator/reconcile)."""
 CHILD_LABELS = {constants.LABEL_MANAGED_BY: constants.MANAGER}
@@ -59,10 +65,29 @@ CHILD_LABELS = {constants.LABEL_MANAGED_BY: constants.MANAGER}
 logger = logging.getLogger(__name__)
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base: kopf builds one from every event of every watched object (a deep copy of
+    the whole body) for create/update/delete handlers to tell changes apart; this operator has
+    none (see above), and the copies took a tenth of its CPU with 1,000 new services (py-spy).
+    Every object's essence is empty, so kopf finds no change to hand to such handlers."""
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        return {}
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return {}
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        """Nothing to keep."""
+
+
 @kopf.on.startup()
 async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Connect to the API server and tune kopf for a level-based operator."""
     settings.posting.level = logging.WARNING
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.reporting_component = constants.MANAGER
     settings.posting.event_name_prefix = "kiln-"
     settings.watching.server_timeout = 300
@@ -70,7 +95,7 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     settings.networking.request_timeout = 60
     settings.peering.lifetime = PEERING_LIFETIME_SECONDS
     configuration = await load_configuration()
-    memo.kube = KubeClient(configuration)
+    memo.kube = KubeClient(configuration, connections=OTHER_CONNECTIONS)
     memo.reconcile_kube = KubeClient(configuration, component=RECONCILE_COMPONENT)
     memo.cache = ObjectCache()
     memo.platform = PlatformObjects(PROMETHEUS_URL, ALLOWED_PROMETHEUS_URLS, WARMUP_BUDGET_BYTES)

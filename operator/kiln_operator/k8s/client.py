@@ -6,6 +6,7 @@ supplies kubeconfig / in-cluster auth and the connection pool; this adds get / c
 replace / delete / merge-patch returning dicts, and a user agent that names the operator.
 """
 
+import copy
 import json
 import os
 from types import TracebackType
@@ -106,14 +107,29 @@ async def load_configuration(kubeconfig: str | None = None) -> client.Configurat
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    configuration.connection_pool_maxsize = 64
+    configuration.connection_pool_maxsize = DEFAULT_CONNECTIONS
     return configuration
+
+
+DEFAULT_CONNECTIONS = 64
+"""Connections a client keeps open to the API server at most (one request in flight each)."""
 
 
 class KubeClient:
     """JSON in, JSON out. Use as `async with KubeClient(configuration) as kube:`."""
 
-    def __init__(self, configuration: client.Configuration, component: str = "kiln") -> None:
+    def __init__(
+        self,
+        configuration: client.Configuration,
+        component: str = "kiln",
+        connections: int | None = None,
+    ) -> None:
+        """`connections`: this client's bound on open connections, if not the configuration's.
+        Each open TLS connection holds a 256 KiB read buffer (asyncio's), so a client that
+        needs few requests in flight should not keep many."""
+        if connections is not None:
+            configuration = copy.copy(configuration)
+            configuration.connection_pool_maxsize = connections
         self._api = client.ApiClient(configuration)
         # kubernetes_asyncio's session trusts the environment, so aiohttp looks up proxy
         # variables and reads ~/.netrc on every request; the kubeconfig (or the in-cluster

@@ -106,6 +106,8 @@ class OperatorProcess:
             "KILN_LIVENESS": liveness or "",
             # the tests' Prometheus servers listen on loopback, each on its own port
             "KILN_ALLOWED_PROMETHEUS_URLS": "http://127.0.0.1",
+            # as the operator's image sets it (operator/Dockerfile)
+            "MALLOC_ARENA_MAX": "2",
             **(env or {}),
         }
         environment.pop("KUBERNETES_SERVICE_HOST", None)
