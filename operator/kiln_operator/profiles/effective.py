@@ -36,18 +36,14 @@ class PlatformState:
     def prometheus_allow_list(self) -> PrometheusAllowList:
         """The operator's own entries and the Prometheus URLs of ClusterInferenceProfiles (only
         the platform writes those)."""
-        from_profiles = tuple(
-            url
-            for body in self.cluster_profiles
-            if isinstance(
-                url := (
-                    ((body.get("spec") or {}).get("defaults") or {}).get("autoscaling") or {}
-                ).get("prometheusUrl"),
-                str,
-            )
-        )
+        from_profiles = []
+        for body in self.cluster_profiles:
+            defaults = (body.get("spec") or {}).get("defaults") or {}
+            url = (defaults.get("autoscaling") or {}).get("prometheusUrl")
+            if isinstance(url, str):
+                from_profiles.append(url)
         return PrometheusAllowList(
-            self.operator_prometheus_url, self.allowed_prometheus_urls + from_profiles
+            self.operator_prometheus_url, self.allowed_prometheus_urls + tuple(from_profiles)
         )
 
 

@@ -17,8 +17,7 @@ from pydantic import ValidationError
 from kiln_operator import constants
 from kiln_operator.api.v1alpha1.partial import set_fields
 from kiln_operator.api.v1alpha1.profile import ProfileSpec
-
-Manifest = dict[str, Any]
+from kiln_operator.builders.naming import Manifest
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,12 @@ from kiln_operator.status import compute_status
 from kiln_operator.status.compute import ReconcileObservation
 from tests.integration.benchpage import write_page
 from tests.integration.conftest import REPO, Cluster
-from tests.integration.operator.conftest import AuditLog, OperatorProcess, pending_service
+from tests.integration.operator.conftest import (
+    AuditLog,
+    OperatorProcess,
+    install_crds,
+    pending_service,
+)
 from tests.integration.operator.synthetic_runtimes import SyntheticRuntimes
 
 TARGET_SECONDS_1000 = 60.0
@@ -829,16 +834,9 @@ def main(argv: list[str] | None = None) -> int:
     local = LocalCluster(REPO / ".kiln")
     info = local.info() or local.up()
     cluster = Cluster(info)
-    cluster.kubectl("apply", "-k", str(REPO / "crds"))
-    wait_for(  # a CRD just applied may have no conditions yet: kubectl wait then fails
-        lambda: cluster.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s",
-            "crd/inferenceservices.serving.kiln.dev",
-        ),
-        timeout=120, interval=2, description="the CRD established",
-    )  # fmt: skip
-    # Established is not yet served: for a moment a new CRD's lists answer 429 ("storage is
-    # (re)initializing"), and the operator's start-up lists them.
+    install_crds(cluster)
+    # Established is not yet served: for a moment a new CRD's requests answer 429 ("storage is
+    # (re)initializing"); the bare client's creates, run first, are not retried.
     wait_for(lambda: asyncio.run(crds_served(cluster)), timeout=120, interval=2,
              description="the CRDs served")  # fmt: skip
     work = REPO / ".kiln" / "bench-operator"

@@ -39,10 +39,10 @@ KILN_CRDS = (
 )  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def kiln_crds(cluster: Cluster) -> Cluster:
-    """The generated CRDs, installed and established. `kubectl wait` fails at once on a CRD
-    created a moment ago whose status the API server has not written yet, so it is retried."""
+def install_crds(cluster: Cluster) -> None:
+    """Apply the generated CRDs and wait until each is established. `kubectl wait` fails at
+    once on a CRD created a moment ago whose status the API server has not written yet, so it
+    is retried."""
     cluster.kubectl("apply", "-k", str(REPO / "crds"))
     crds = [f"crd/{name}" for name in KILN_CRDS]
     wait_for(
@@ -55,6 +55,12 @@ def kiln_crds(cluster: Cluster) -> Cluster:
         timeout=60,
         description="Kiln's CRDs established",
     )
+
+
+@pytest.fixture(scope="session")
+def kiln_crds(cluster: Cluster) -> Cluster:
+    """The generated CRDs, installed and established."""
+    install_crds(cluster)
     return cluster
 
 
