@@ -85,13 +85,21 @@ class PrometheusSource:
         except (requests.RequestException, PrometheusApiClientException, ValueError) as error:
             return Snapshot(taken_at, error=f"Prometheus at {self.url} unreadable: {error}")
 
-    def inflight_by_pod(self, namespace: str, service: str) -> dict[str, float]:
-        """Requests in flight per pod name (for pod-deletion-cost, before a scale-down only);
-        empty when unreadable. Blocking: call it in a thread."""
-        query = (
-            "sum by (pod) (kiln_inflight_requests"
-            f'{{namespace="{namespace}",inferenceservice="{service}"}})'
+    def load_by_pod(self, namespace: str, service: str, window_seconds: int) -> dict[str, float]:
+        """Each pod's load: requests it answered per second over the window plus its requests
+        in flight (for pod-deletion-cost, before a scale-down only); empty when unreadable.
+        Blocking: call it in a thread.
+
+        The rate is what tells pods apart under light load, where the in-flight gauge, sampled
+        at scrape instants, reads 0 on every pod. The in-flight count is each pod's last sample
+        in the window, so that a pod whose newest scrape failed (its series then stale) still
+        counts; a pod already gone is not a candidate anyway."""
+        selector = f'{{namespace="{namespace}",inferenceservice="{service}"}}'
+        answered = f"sum by (pod) (rate(kiln_requests_total{selector}[{window_seconds}s]))"
+        inflight = (
+            f"sum by (pod) (last_over_time(kiln_inflight_requests{selector}[{window_seconds}s]))"
         )
+        query = f"({answered} + on (pod) {inflight}) or {answered} or {inflight}"
         try:
             result = self._prometheus.custom_query(query)
         except (requests.RequestException, PrometheusApiClientException):
@@ -99,7 +107,7 @@ class PrometheusSource:
         return {
             item["metric"].get("pod", ""): float(item["value"][1])
             for item in result
-            if item["metric"].get("pod")
+            if item["metric"].get("pod") and not math.isnan(float(item["value"][1]))
         }
 
     def close(self) -> None:

@@ -16,6 +16,9 @@ GROUP_LABELS = ("namespace", "inferenceservice")
 SIGNAL_LABEL = "kiln_signal"
 """The label `label_replace` adds to tell the signals apart in the one result vector."""
 
+FRESHNESS_STEPS = 12
+"""How many points of the window the freshness subquery samples (every 5 s of a 60 s window)."""
+
 ServiceKey = tuple[str, str]
 """(namespace, InferenceService name)."""
 
@@ -27,6 +30,13 @@ class ServiceSignals:
     Rates are per second over the window; `freshest` is the newest queue-depth sample's Unix
     time (how stale the metrics are). The batch signals feed the capacity estimate
     (`autoscaling.capacity`).
+
+    The gauges (`freshest`, `queue_depth`) are read so that one failed scrape does not hide
+    them: Prometheus marks every series of a target stale after a scrape that failed (a busy
+    pod answering /metrics after the scrape timeout), and an instant selector returns nothing
+    for a stale series until the next good scrape, while rates, read over a range, carry on.
+    So `freshest` is the newest sample time seen over the window, and the queue depth falls
+    back to each pod's last sample in the window when no pod of the service has a live one.
     """
 
     freshest: float | None = None
@@ -50,15 +60,22 @@ def _by(expression: str) -> str:
 def signal_expressions(window_seconds: int) -> dict[str, str]:
     """Each signal's PromQL for every service, keyed by the `ServiceSignals` field it fills."""
     w = f"[{window_seconds}s]"
+    step = max(1, window_seconds // FRESHNESS_STEPS)
     return {
-        "freshest": f"max by ({', '.join(GROUP_LABELS)}) (timestamp(kiln_queue_depth))",
+        # The newest sample time over the window, sampled every `step` (a subquery): a plain
+        # `timestamp(kiln_queue_depth)` is empty while the newest point is a staleness marker.
+        "freshest": f"max by ({', '.join(GROUP_LABELS)}) "
+        f"(max_over_time(timestamp(kiln_queue_depth)[{window_seconds}s:{step}s]))",
         # Buckets summed over the service's pods by `le`, then the quantile: a service-wide
         # tail, never an average of per-pod quantiles.
         "p99_seconds": "histogram_quantile(0.99, sum by "
         f"({', '.join(GROUP_LABELS)}, le) (rate(kiln_request_duration_seconds_bucket{w})))",
         "requests_per_second": _by(f"rate(kiln_requests_total{w})"),
         "ok_per_second": _by(f'rate(kiln_requests_total{{code="ok"}}{w})'),
-        "queue_depth": _by("kiln_queue_depth"),
+        # Live values; only when no pod of the service has one (a failed scrape marked them
+        # stale), each pod's last value in the window.
+        "queue_depth": f"{_by('kiln_queue_depth')} "
+        f"or {_by(f'last_over_time(kiln_queue_depth{w})')}",
         "rows_per_second": _by(f"rate(kiln_batch_size_sum{w})"),
         "batches_per_second": _by(f"rate(kiln_batch_size_count{w})"),
         "compute_seconds_per_second": _by(f"rate(kiln_compute_duration_seconds_sum{w})"),

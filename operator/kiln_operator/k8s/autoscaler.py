@@ -214,7 +214,8 @@ class Autoscaler:
             self._written(namespace, name, written)
         self._memory[(namespace, name)] = (written_text, decision.state)
         if decision.desired_replicas < current:
-            await self._mark_idlest(namespace, name, pods, source)
+            window = spec.autoscaling.metrics_window_seconds
+            await self._mark_idlest(namespace, name, pods, source, window)
         if decision.desired_replicas != current:
             await self.kube.merge_patch(
                 DEPLOYMENTS,
@@ -248,13 +249,20 @@ class Autoscaler:
         return observation(snapshot, key, ready)
 
     async def _mark_idlest(
-        self, namespace: str, name: str, pods: list[dict[str, Any]], source: PrometheusSource | None
+        self,
+        namespace: str,
+        name: str,
+        pods: list[dict[str, Any]],
+        source: PrometheusSource | None,
+        window_seconds: int,
     ) -> None:
-        """Annotate pods so the ReplicaSet removes the idlest first (fewest in flight)."""
-        inflight = (
-            await asyncio.to_thread(source.inflight_by_pod, namespace, name) if source else {}
+        """Annotate pods so the ReplicaSet removes the idlest first (least load)."""
+        load = (
+            await asyncio.to_thread(source.load_by_pod, namespace, name, window_seconds)
+            if source
+            else {}
         )
-        for pod_name, cost in deletion_costs(pods, inflight).items():
+        for pod_name, cost in deletion_costs(pods, load).items():
             written = await self.kube.merge_patch(
                 PODS,
                 namespace,

@@ -65,10 +65,15 @@ class SyntheticRuntimes:
             for index in range(pods_per_service)
         ]
         self.scrapes = 0
+        self.failing = threading.Event()
+        """While set, every scrape is answered 503, as a pod too busy to answer in time."""
         synthetic = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                if synthetic.failing.is_set():
+                    self.send_error(503)
+                    return
                 body = synthetic.render().encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")

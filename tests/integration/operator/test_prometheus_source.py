@@ -27,17 +27,26 @@ SERVICES = [f"svc-{i:03d}" for i in range(200)]
 
 
 @pytest.fixture
-def prometheus_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def exporter() -> Iterator[SyntheticRuntimes]:
+    runtimes = SyntheticRuntimes("shop", SERVICES).start()
+    try:
+        yield runtimes
+    finally:
+        runtimes.stop()
+
+
+@pytest.fixture
+def prometheus_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exporter: SyntheticRuntimes
+) -> Iterator[str]:
     if (missing := local_prometheus.available()) is not None:
         missing_component(missing)
     monkeypatch.setattr(bench_operator, "SCRAPE_SECONDS", 1.0)
-    exporter = SyntheticRuntimes("shop", SERVICES).start()
     process, url = bench_operator.start_prometheus_for(exporter, tmp_path / "prometheus")
     try:
         yield url
     finally:
         stop(process)
-        exporter.stop()
 
 
 @pytest.fixture
@@ -116,3 +125,40 @@ def test_a_hung_prometheus_delays_only_its_own_services(prometheus_url: str, hun
     assert error is not None and hung_url in error
     healthy.close()
     hung.close()
+
+
+def test_failed_scrapes_do_not_hide_the_gauges(
+    prometheus_url: str, exporter: SyntheticRuntimes
+) -> None:
+    """A failed scrape marks the target's series stale: the instant gauges must still read."""
+    source = PrometheusSource(prometheus_url)
+
+    def every_gauge_read() -> bool:
+        snapshot = asyncio.run(source.snapshot(15, max_age_seconds=0))
+        return all(
+            (s := snapshot.services.get(("shop", name))) is not None
+            and s.freshest is not None
+            and s.queue_depth is not None
+            and (s.requests_per_second or 0) >= 18  # series older than the window: a full rate
+            for name in SERVICES
+        )
+
+    wait_for(every_gauge_read, timeout=90, interval=1, description="every service's gauges")
+    exporter.failing.set()
+    failed_from = exporter.scrapes
+    # Three scrapes' time (1 s apart) with every one failing: the series are stale by now.
+    time.sleep(3.5)
+    snapshot = asyncio.run(source.snapshot(15, max_age_seconds=0))
+    exporter.failing.clear()
+    assert exporter.scrapes == failed_from  # no scrape got through meanwhile
+    now = time.time()
+    for name in SERVICES:
+        signals = snapshot.services.get(("shop", name))
+        assert signals is not None and signals.freshest is not None, name
+        assert signals.queue_depth == 0.0, name
+        assert 3.0 <= now - signals.freshest <= 15.0, name  # the last good scrape's age
+    # The pod's load: ~20 answered per second (the exporter's rate, +-3 %; read low here, as
+    # the window's last 3.5 s hold no sample) plus 1 in flight from its last sample.
+    ((pod, load),) = source.load_by_pod("shop", SERVICES[0], 15).items()
+    assert pod == f"{SERVICES[0]}-0" and 12.0 <= load <= 22.0, load
+    source.close()

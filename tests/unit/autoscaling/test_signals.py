@@ -16,13 +16,25 @@ from kiln_operator.autoscaling.signals import (
 def test_every_signal_is_grouped_by_namespace_and_service_in_one_query() -> None:
     query = grouped_query(60)
     expressions = signal_expressions(60)
-    assert query.count(" or ") == len(expressions) - 1
+    inner = sum(expression.count(" or ") for expression in expressions.values())
+    assert query.count(" or ") == len(expressions) - 1 + inner
     for signal, expression in expressions.items():
         assert f'label_replace({expression}, "{SIGNAL_LABEL}", "{signal}", "", "")' in query
         assert "by (namespace, inferenceservice" in expression
     assert "[60s]" in expressions["requests_per_second"]
     assert "sum by (namespace, inferenceservice, le)" in expressions["p99_seconds"]
     assert "selector" not in query and 'inferenceservice="' not in query  # no per-service text
+
+
+def test_gauges_survive_a_failed_scrape() -> None:
+    """A failed scrape leaves a staleness marker as the newest point, which hides a series from
+    an instant selector: the gauges are read over the window as well."""
+    expressions = signal_expressions(60)
+    assert "max_over_time(timestamp(kiln_queue_depth)[60s:5s])" in expressions["freshest"]
+    live, fallback = expressions["queue_depth"].split(" or ")
+    assert live == "sum by (namespace, inferenceservice) (kiln_queue_depth)"
+    assert "last_over_time(kiln_queue_depth[60s])" in fallback
+    assert "[15s:1s]" in signal_expressions(15)["freshest"]
 
 
 def sample(signal: str, namespace: str, service: str, value: str) -> dict[str, Any]:
