@@ -18,8 +18,6 @@ import os
 import sys
 from pathlib import Path
 
-from kiln_runtime.config import ConfigError, parse_config_text
-
 CONFIG_ENV = "KILN_RUNTIME_CONFIG"
 
 
@@ -95,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Imported here: it loads numpy, which the fetch init container never needs.
+    from kiln_runtime.config import ConfigError, parse_config_text
+
     if args.config is not None:
         try:
             text = args.config.read_text()

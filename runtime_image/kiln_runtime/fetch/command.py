@@ -8,6 +8,7 @@ reads it for the InferenceService's Ready condition.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import shutil
 import time
@@ -210,7 +211,7 @@ def _fetch_s3(
     for item in objects:
         expected = item.expected
         if sha256 is not None:
-            expected = Expected(expected.size, expected.etag, expected.part_size, sha256)
+            expected = dataclasses.replace(expected, sha256=sha256)
         target = staging / item.relative
         target.parent.mkdir(parents=True, exist_ok=True)
 

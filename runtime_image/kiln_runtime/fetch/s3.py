@@ -27,10 +27,14 @@ from kiln_runtime.fetch.source import (
     StoreSettings,
     relative_path,
 )
-from kiln_runtime.fetch.verify import Expected, is_multipart_etag
+from kiln_runtime.fetch.verify import STORE_CHECKSUMS, Expected, StoreChecksum, is_multipart_etag
 
 log = logging.getLogger(__name__)
 CHUNK_BYTES = 1024 * 1024
+HEAD_MIN_BYTES = 16 * 1024 * 1024
+"""An object of a prefix this large is asked for its checksum and part size (a HEAD, which
+the listing does not answer), so that it is verified by the cheapest check the store offers;
+smaller ones keep the listing's ETag, where a request would cost more than the hashing."""
 
 _NOT_FOUND_CODES = {"404", "NoSuchKey", "NoSuchBucket", "NotFound"}
 _DENIED_CODES = {
@@ -94,6 +98,9 @@ def make_clients(
             retries={"total_max_attempts": attempts, "mode": "standard"},
             s3={"addressing_style": "path" if settings.path_style else "auto"},
             user_agent_extra="kiln-runtime-fetch",
+            # The verifier checks every byte once, resumed ranges included; botocore would
+            # hash whole-object GETs a second time.
+            response_checksum_validation="when_required",
         )
         return session.client("s3", endpoint_url=settings.endpoint, verify=verify, config=config)
 
@@ -142,7 +149,8 @@ def classify(error: Exception, uri: str, what: str) -> Exception:
 def list_objects(client: Any, source: S3Source, limits: Limits) -> list[ObjectInfo]:
     """Every object to download: the one key, or all keys under the prefix, within limits."""
     if not source.is_prefix:
-        return [_head(client, source)]
+        name = PurePosixPath(source.key).name
+        return [ObjectInfo(source.key, PurePosixPath(name), _head(client, source, source.key))]
     objects: list[ObjectInfo] = []
     total = 0
     try:
@@ -177,26 +185,40 @@ def list_objects(client: Any, source: S3Source, limits: Limits) -> list[ObjectIn
         raise _as_failure(classify(error, source.uri, "listing"), source.uri) from error
     if not objects:
         raise FetchFailure(FailureKind.NOT_FOUND, source.uri, "no object under this prefix")
-    return objects
+    return [
+        ObjectInfo(item.key, item.relative, _head(client, source, item.key))
+        if (item.expected.size or 0) >= HEAD_MIN_BYTES
+        else item
+        for item in objects
+    ]
 
 
 def _expected(size: int, etag: object) -> Expected:
     return Expected(size=size, etag=str(etag).strip('"') if etag else None)
 
 
-def _head(client: Any, source: S3Source) -> ObjectInfo:
+def _head(client: Any, source: S3Source, key: str) -> Expected:
+    """The object's size, ETag, checksum (of the algorithms the verifier computes) and, for a
+    multipart upload, its part size (a HEAD of part 1)."""
     try:
-        head = client.head_object(Bucket=source.bucket, Key=source.key)
+        head = client.head_object(Bucket=source.bucket, Key=key, ChecksumMode="ENABLED")
+        checksum = next(
+            (
+                StoreChecksum(name, str(head[field]))
+                for name in STORE_CHECKSUMS
+                if (field := f"Checksum{name.upper()}") in head
+            ),
+            None,
+        )
         expected = _expected(int(head["ContentLength"]), head.get("ETag"))
-        if is_multipart_etag(expected.etag):
-            first = client.head_object(Bucket=source.bucket, Key=source.key, PartNumber=1)
-            expected = Expected(
-                size=expected.size, etag=expected.etag, part_size=int(first["ContentLength"])
-            )
+        composite = checksum is not None and "-" in checksum.value
+        part_size = None
+        if is_multipart_etag(expected.etag) or composite:
+            first = client.head_object(Bucket=source.bucket, Key=key, PartNumber=1)
+            part_size = int(first["ContentLength"])
     except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as error:
         raise _as_failure(classify(error, source.uri, "head"), source.uri) from error
-    name = PurePosixPath(source.key).name
-    return ObjectInfo(source.key, PurePosixPath(name), expected)
+    return Expected(size=expected.size, etag=expected.etag, part_size=part_size, checksum=checksum)
 
 
 def _as_failure(error: Exception, uri: str) -> Exception:

@@ -57,15 +57,19 @@ class SeaweedS3:
     process: subprocess.Popen[bytes]
     log: Path
 
-    def client(self) -> Any:
-        """An S3 client with the server's identity, to put the objects a test fetches."""
+    def client(self, request_checksum_calculation: str = "when_supported") -> Any:
+        """An S3 client with the server's identity, to put the objects a test fetches;
+        ``when_required`` uploads without the CRC32 boto3 adds by default."""
         return boto3.client(
             "s3",
             endpoint_url=self.endpoint,
             aws_access_key_id=ACCESS_KEY,
             aws_secret_access_key=SECRET_KEY,
             region_name="us-east-1",
-            config=botocore.config.Config(s3={"addressing_style": "path"}),
+            config=botocore.config.Config(
+                s3={"addressing_style": "path"},
+                request_checksum_calculation=request_checksum_calculation,
+            ),
         )
 
 

@@ -98,7 +98,7 @@ def test_one_object_lands_whole_and_verified(store: SeaweedS3, tmp_path: Path) -
     assert sorted(p.name for p in outcome.model.iterdir()) == ["model.pt"]
     assert (outcome.model / "model.pt").read_bytes() == body
     assert outcome.message.startswith(f"model fetched: {len(body)} bytes in ")
-    assert "verified size+etag" in outcome.log
+    assert "verified size+crc32" in outcome.log  # the store's checksum, cheaper than the ETag
 
 
 def test_a_prefix_downloads_whole_with_its_tree(store: SeaweedS3, tmp_path: Path) -> None:
@@ -123,9 +123,16 @@ def test_a_prefix_downloads_whole_with_its_tree(store: SeaweedS3, tmp_path: Path
     assert found == files
 
 
-def test_a_multipart_object_is_checked_against_its_multipart_etag(
-    store: SeaweedS3, tmp_path: Path
+@pytest.mark.parametrize(
+    ("upload_checksum", "checked"),
+    [("when_supported", "crc32"), ("when_required", "etag")],
+    ids=["composite-crc32", "multipart-etag"],
+)
+def test_a_multipart_object_is_checked_against_its_parts(
+    store: SeaweedS3, tmp_path: Path, upload_checksum: str, checked: str
 ) -> None:
+    """boto3 uploads with a CRC32 by default (a composite checksum the fetcher prefers);
+    without one, the store keeps only the multipart ETag (MD5 of the parts' MD5s)."""
     body = os.urandom(11 * 1024 * 1024)
     source = tmp_path / "big.bin"
     source.write_bytes(body)
@@ -133,16 +140,16 @@ def test_a_multipart_object_is_checked_against_its_multipart_etag(
     config = boto3.s3.transfer.TransferConfig(
         multipart_threshold=five_mib, multipart_chunksize=five_mib
     )
-    client = store.client()
-    client.upload_file(str(source), BUCKET, "multi/model.pt", Config=config)
-    etag = client.head_object(Bucket=BUCKET, Key="multi/model.pt")["ETag"].strip('"')
+    client = store.client(request_checksum_calculation=upload_checksum)
+    client.upload_file(str(source), BUCKET, f"multi-{checked}/model.pt", Config=config)
+    etag = client.head_object(Bucket=BUCKET, Key=f"multi-{checked}/model.pt")["ETag"].strip('"')
     assert etag.endswith("-3")  # the store really made three parts
 
-    outcome = fetch(tmp_path, f"s3://{BUCKET}/multi/model.pt", endpoint=store.endpoint)
+    outcome = fetch(tmp_path, f"s3://{BUCKET}/multi-{checked}/model.pt", endpoint=store.endpoint)
 
     assert outcome.code == 0, outcome.log
     assert (outcome.model / "model.pt").read_bytes() == body
-    assert "verified size+etag" in outcome.log
+    assert f"verified size+{checked}" in outcome.log
 
 
 def test_fetching_again_into_the_same_volume_downloads_nothing(

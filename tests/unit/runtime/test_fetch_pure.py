@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import hashlib
+import zlib
 from pathlib import PurePosixPath
 
 import pytest
@@ -17,7 +20,7 @@ from kiln_runtime.fetch.source import (
     relative_path,
 )
 from kiln_runtime.fetch.transfer import backoff_delay
-from kiln_runtime.fetch.verify import Expected, Verifier
+from kiln_runtime.fetch.verify import Expected, StoreChecksum, Verifier
 
 
 def test_s3_uris_name_an_object_or_a_prefix() -> None:
@@ -97,6 +100,49 @@ def test_a_multipart_etag_is_checked_across_chunk_boundaries() -> None:
     assert _verify(expected, body[:333], body[333:1999], body[1999:]) is None
     corrupted = body[:1500] + b"X" + body[1501:]
     assert _verify(expected, corrupted) is not None
+
+
+def _crc32(data: bytes) -> bytes:
+    return zlib.crc32(data).to_bytes(4, "big")
+
+
+def test_the_store_checksum_is_preferred_to_the_etag() -> None:
+    body = b"weights" * 1000
+    crc = base64.b64encode(_crc32(body)).decode()
+    expected = Expected(size=len(body), etag="0" * 32, checksum=StoreChecksum("crc32", crc))
+    verifier = Verifier(expected)
+    verifier.update(body)
+    assert verifier.mismatch() is None and verifier.checks == "size+crc32"
+    wrong = _verify(
+        dataclasses.replace(expected, checksum=StoreChecksum("crc32", "AAAAAA==")), body
+    )
+    assert wrong == f"content hashes to crc32 checksum {crc}, the store has AAAAAA=="
+
+
+def test_a_composite_checksum_is_the_checksum_of_the_parts_checksums() -> None:
+    part = 1000
+    body = bytes(range(256)) * 10  # parts of 1000, 1000, 560
+    parts = [body[i : i + part] for i in range(0, len(body), part)]
+    for name, digest in (
+        ("crc32", _crc32),
+        ("sha256", lambda data: hashlib.sha256(data).digest()),
+    ):
+        combined = digest(b"".join(digest(p) for p in parts))
+        value = f"{base64.b64encode(combined).decode()}-3"
+        expected = Expected(size=len(body), part_size=part, checksum=StoreChecksum(name, value))
+        assert _verify(expected, body[:333], body[333:1999], body[1999:]) is None
+        assert _verify(expected, body[:1500] + b"X" + body[1501:]) is not None
+
+
+def test_checksums_the_runtime_cannot_compute_fall_back_to_the_etag() -> None:
+    body = b"abc"
+    etag = hashlib.md5(body).hexdigest()
+    crc32c = Expected(size=3, etag=etag, checksum=StoreChecksum("crc32c", "AAAAAA=="))
+    composite_without_parts = Expected(size=3, etag=etag, checksum=StoreChecksum("crc32", "AA==-2"))
+    for expected in (crc32c, composite_without_parts):
+        verifier = Verifier(expected)
+        verifier.update(body)
+        assert verifier.mismatch() is None and verifier.checks == "size+etag"
 
 
 def test_opaque_etags_fall_back_to_the_size() -> None:
