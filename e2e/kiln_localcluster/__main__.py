@@ -1,11 +1,11 @@
-"""Command line: ``python -m kiln_localcluster up|down|status [--state-dir DIR]``."""
+"""Command line: ``python -m kiln_localcluster up|down|status|… [--state-dir DIR]``."""
 
 import argparse
 import sys
 from pathlib import Path
 
 from kiln_localcluster.cluster import ClusterOptions, LocalCluster
-from kiln_localcluster.node import NODE_NAME
+from kiln_localcluster.node import NODE_IP, NODE_NAME
 from kiln_localcluster.podrunner import run_forever
 from kiln_localcluster.targets import publish_forever, targets_file
 from kiln_localcluster.volumes import provision_claim
@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
             "provide-claim",
             "import-image",
             "publish-targets",
+            "serve-bucket",
         ],
     )
     parser.add_argument(
@@ -33,7 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--namespace", help="provide-claim: the claim's namespace")
     parser.add_argument("--claim", help="provide-claim: the claim's name")
-    parser.add_argument("--dir", type=Path, help="provide-claim: the directory it offers")
+    parser.add_argument(
+        "--dir", type=Path, help="provide-claim: the directory it offers; serve-bucket: its data"
+    )
+    parser.add_argument("--upload", type=Path, help="serve-bucket: the files to put in the bucket")
+    parser.add_argument("--bucket", default="models", help="serve-bucket: the bucket's name")
+    parser.add_argument(
+        "--info", type=Path, help="serve-bucket: where to write its endpoint and keys (JSON)"
+    )
     parser.add_argument("--nodes", type=int, default=ClusterOptions.nodes)
     parser.add_argument("--gpus-per-node", type=int, default=ClusterOptions.gpus_per_node)
     parser.add_argument(
@@ -71,6 +79,14 @@ def main(argv: list[str] | None = None) -> int:
             print("needs a running cluster and --namespace, --claim, --dir", file=sys.stderr)
             return 1
         provision_claim(info, args.namespace, args.claim, args.dir)
+    elif args.command == "serve-bucket":
+        # On the real node's bridge address: pods reach it, nothing outside this machine does.
+        if not (args.dir and args.upload and args.info):
+            print("serve-bucket needs --dir, --upload and --info", file=sys.stderr)
+            return 1
+        from kiln_localcluster.objectstore import serve_bucket  # boto3: only for this command
+
+        return serve_bucket(args.dir, args.upload, args.bucket, NODE_IP, args.info)
     elif args.command == "run-pods":
         info = cluster.recorded_info()
         if info is None:

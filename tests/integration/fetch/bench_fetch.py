@@ -26,7 +26,7 @@ import time
 import zlib
 from pathlib import Path
 
-from tests.integration.fetch.servers import ACCESS_KEY, SECRET_KEY, seaweed_s3, weed_binary
+from kiln_localcluster.objectstore import ACCESS_KEY, SECRET_KEY, seaweed_s3, weed_binary
 
 BUCKET = "bench"
 KEY = "model/model.bin"

