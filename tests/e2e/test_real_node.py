@@ -89,8 +89,16 @@ def ready_addresses(cluster: E2ECluster, namespace: str, name: str) -> set[str]:
 
 def apply_and_serve(cluster: E2ECluster, namespace: str, model: Model, name: str) -> float:
     """Apply, then infer through the Service until it answers; seconds from apply."""
+    return apply_manifest_and_serve(cluster, namespace, inference_service(name, model), name)
+
+
+def apply_manifest_and_serve(
+    cluster: E2ECluster, namespace: str, manifest: str, name: str
+) -> float:
+    """Apply the InferenceService ``name``'s manifest, then infer through the Service until it
+    answers; seconds from apply."""
     started = time.monotonic()
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=inference_service(name, model))
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
     wait_for(
         lambda: cluster.kubectl("get", "svc", name, "-n", namespace, check=False).returncode == 0,
         timeout=30,
