@@ -13,10 +13,13 @@ import yaml
 from kiln_localcluster.cluster import ClusterInfo, kubectl
 
 
-def build_claim_volume(namespace: str, claim: str, host_dir: Path) -> list[dict[str, Any]]:
-    """A hostPath PersistentVolume pre-bound to ``namespace/claim``, and that claim."""
+def build_claim_volume(
+    namespace: str, claim: str, host_dir: Path, access_mode: str = "ReadOnlyMany"
+) -> list[dict[str, Any]]:
+    """A hostPath PersistentVolume pre-bound to ``namespace/claim``, and that claim
+    (``ReadWriteMany`` for a shared model cache)."""
     volume_name = f"kiln-local-{namespace}-{claim}"[:253]
-    access = {"accessModes": ["ReadOnlyMany"], "storageClassName": ""}
+    access = {"accessModes": [access_mode], "storageClassName": ""}
     return [
         {
             "apiVersion": "v1",
@@ -43,15 +46,16 @@ def build_claim_volume(namespace: str, claim: str, host_dir: Path) -> list[dict[
     ]
 
 
-def provision_claim(info: ClusterInfo, namespace: str, claim: str, host_dir: Path) -> None:
+def provision_claim(
+    info: ClusterInfo,
+    namespace: str,
+    claim: str,
+    host_dir: Path,
+    access_mode: str = "ReadOnlyMany",
+) -> None:
     """Create the claim and its volume, and wait until the claim is Bound."""
-    kubectl(
-        info,
-        "apply",
-        "-f",
-        "-",
-        input=yaml.safe_dump_all(build_claim_volume(namespace, claim, host_dir.resolve())),
-    )
+    volume = build_claim_volume(namespace, claim, host_dir.resolve(), access_mode)
+    kubectl(info, "apply", "-f", "-", input=yaml.safe_dump_all(volume))
     kubectl(
         info,
         "wait",
