@@ -75,8 +75,9 @@ test: venv lint typecheck check system-deps docker-up cluster-binaries image-run
 test-unit: venv ## Unit tests only (no cluster, no network)
 	$(PY) -m pytest tests/unit
 
-demo: venv system-deps cluster-binaries ## Kiln's main job, locally: cluster, operator, a sample service, load
-	bash e2e/demo.sh
+MODEL_FROM ?= claim
+demo: venv system-deps cluster-binaries ## Kiln's main job, locally: cluster, operator, a sample service, load (MODEL_FROM=s3: the model from a bucket)
+	MODEL_FROM=$(MODEL_FROM) bash e2e/demo.sh
 
 e2e: venv system-deps docker-up cluster-binaries image-runtime ## The end-to-end suite: the local cluster's real node, or $$KILN_E2E_KUBECONFIG
 	$(PY) -m pytest tests/e2e

@@ -3,8 +3,16 @@
 # containerd, kube-proxy) and fake GPU nodes; Kiln's CRD and operator; an InferenceService whose
 # pods run Kiln's runtime image under the kubelet; the warm-up gate letting each pod in only
 # after it met its p99; then a bounded load through the Service's cluster IP.
+# MODEL_FROM=claim (the default) mounts the model from a claim; MODEL_FROM=s3 puts it in a bucket
+# of a local S3 server (SeaweedFS on the real node's bridge address) and the pod fetches it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+model_from=${MODEL_FROM:-claim}
+case "$model_from" in
+  claim | s3) ;;
+  *) echo "MODEL_FROM is 'claim' (the default) or 's3', not '$model_from'" >&2; exit 2 ;;
+esac
 
 py=.venv/bin/python
 ns=kiln-demo
@@ -27,27 +35,55 @@ step "Kiln's CRD"
 "$kubectl" apply -k crds/
 "$kubectl" wait --for=condition=Established --timeout=60s crd/inferenceservices.serving.kiln.dev
 
-step "A model built in code, offered to the cluster as the claim 'models'"
+pids=()
+trap 'for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; done' EXIT
 mkdir -p "$state"
-"$py" -m kiln_runtime example-model --kind mlp --out "$state/models/mlp"
-chmod -R a+rX "$state/models"  # the image runs as its own unprivileged user
 "$kubectl" create namespace "$ns" --dry-run=client -o yaml | "$kubectl" apply -f -
 # The namespace admits only pods that meet Pod Security `restricted`, as Kiln's do.
 "$kubectl" label --overwrite namespace "$ns" pod-security.kubernetes.io/enforce=restricted
-"$py" -m kiln_localcluster provide-claim --namespace "$ns" --claim models --dir "$state/models"
+
+step "A model built in code (the example MLP)"
+"$py" -m kiln_runtime example-model --kind mlp --out "$state/models/mlp"
+chmod -R a+rX "$state/models"  # the image runs as its own unprivileged user
+if [ "$model_from" = s3 ]; then
+  step "The model in the bucket 'models' of a local S3 server (log: $state/bucket.log)"
+  # SeaweedFS, bound to the real node's bridge address only: the pods reach it, nothing else.
+  "$py" -m kiln_localcluster serve-bucket --dir "$state/seaweedfs" --upload "$state/models" \
+    --info "$state/bucket.json" >"$state/bucket.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 120); do  # up to 60 s
+    [ -s "$state/bucket.json" ] && break
+    kill -0 "${pids[-1]}" 2>/dev/null || { tail -n 20 "$state/bucket.log"; exit 1; }
+    sleep 0.5
+  done
+  [ -s "$state/bucket.json" ] || { tail -n 20 "$state/bucket.log"; echo "no S3 server in 60 s"; exit 1; }
+  bucket() { "$py" -c "import json, sys; print(json.load(open('$state/bucket.json'))[sys.argv[1]])" "$1"; }
+  endpoint=$(bucket endpoint)
+  echo "s3://models/ at $endpoint: $(bucket keys)"
+  # The Secret the pod's init container reads; the InferenceService only names it.
+  "$kubectl" create secret generic model-store -n "$ns" --dry-run=client -o yaml \
+    --from-literal=AWS_ACCESS_KEY_ID="$(bucket AWS_ACCESS_KEY_ID)" \
+    --from-literal=AWS_SECRET_ACCESS_KEY="$(bucket AWS_SECRET_ACCESS_KEY)" | "$kubectl" apply -f -
+  manifest=$state/inferenceservice-s3.yaml
+  sed "s|endpoint: ENDPOINT|endpoint: $endpoint|" e2e/demo/inferenceservice-s3.yaml >"$manifest"
+else
+  echo "offered to the cluster as the claim 'models'"
+  "$py" -m kiln_localcluster provide-claim --namespace "$ns" --claim models --dir "$state/models"
+  manifest=e2e/demo/inferenceservice.yaml
+fi
 
 step "The operator (log: $state/operator.log), reading the cluster's Prometheus"
 KILN_PROMETHEUS_URL=$("$py" -c 'import json; print(json.load(open(".kiln/cluster/cluster.json"))["prometheus"])')
 export KILN_PROMETHEUS_URL
 echo "Prometheus: ${KILN_PROMETHEUS_URL:-none}"
 "$py" -m kiln_operator run --standalone --namespace "$ns" >"$state/operator.log" 2>&1 &
-operator_pid=$!
-trap 'kill "$operator_pid" 2>/dev/null; wait "$operator_pid" 2>/dev/null || true' EXIT
+pids+=($!)
 
-step "An InferenceService: kubectl apply -f e2e/demo/inferenceservice.yaml"
-"$kubectl" apply -n "$ns" -f e2e/demo/inferenceservice.yaml
+step "An InferenceService: kubectl apply -f $manifest"
+"$kubectl" apply -n "$ns" -f "$manifest"
 echo "waiting for the pod to pass warm-up (the kubelet starts the image, the runtime loads and warms"
 echo "itself, then the operator's gate measures p99 through the pod)"
+[ "$model_from" = s3 ] && echo "(first its init container downloads the model from the bucket)"
 "$kubectl" wait -n "$ns" --for=condition=Ready inferenceservice/mlp --timeout=300s
 "$kubectl" get inferenceservices -n "$ns"
 echo
