@@ -71,12 +71,22 @@ def storage_secret(cluster: E2ECluster, namespace: str, name: str, secret_key: s
 
 
 def bucket_service(
-    name: str, store: SeaweedS3, key: str, secret: str = SECRET, sha256: str | None = None
+    name: str,
+    store: SeaweedS3,
+    key: str,
+    *,
+    secret: str = SECRET,
+    sha256: str | None = None,
+    fails: bool = False,
 ) -> str:
-    """The example MLP's InferenceService with its model at s3://models/<key>."""
+    """The example MLP's InferenceService with its model at s3://models/<key>; one that
+    ``fails`` its download asks little CPU, so that its pod fits on the 2-CPU node beside the
+    served one and its init container runs."""
     body: dict[str, Any] = yaml.safe_load(
         inference_service(name, Model(uri=f"s3://{BUCKET}/{key}", claim=None))
     )
+    if fails:
+        body["spec"]["resources"].update(cpu="100m", memory="512Mi")
     model = body["spec"]["model"]
     model["storage"] = {"secretName": secret, "endpoint": store.endpoint, "pathStyle": True}
     if sha256 is not None:
@@ -132,9 +142,15 @@ def test_download_failures_reach_the_condition_within_30_s_and_nothing_else(
     wrong_sha256 = hashlib.sha256(body + b"tampered").hexdigest()
 
     failures = {  # name: (manifest, the cause the condition must name)
-        "missing": (bucket_service("missing", store, "mlp/no-such-model.pt"), "NotFound"),
-        "denied": (bucket_service("denied", store, KEY, secret="wrong-keys"), "AccessDenied"),
-        "tampered": (bucket_service("tampered", store, KEY, sha256=wrong_sha256), "Checksum"),
+        "missing": (bucket_service("missing", store, "mlp/none.pt", fails=True), "NotFound"),
+        "denied": (
+            bucket_service("denied", store, KEY, secret="wrong-keys", fails=True),
+            "AccessDenied",
+        ),
+        "tampered": (
+            bucket_service("tampered", store, KEY, sha256=wrong_sha256, fails=True),
+            "ChecksumMismatch",
+        ),
     }
     applied: dict[str, float] = {}
     for name, (manifest, _) in failures.items():
