@@ -72,15 +72,22 @@ watch_until() {  # watch_until SECONDS CONDITION: print the service every 5 s un
 step "Load: gRPC requests through the Service's cluster IP (kube-proxy) for 60 s; the autoscaler reacts"
 "$py" e2e/demo/load.py --namespace "$ns" --service mlp --model mlp --seconds 60 --concurrency 32 &
 load_pid=$!
+scaled_up=yes
 watch_until 60 '[ "$(replicas)" -gt 1 ]' && echo "scaled up to $(replicas) replicas" \
-  || echo "no scale-up within 60 s"
+  || { scaled_up=no; echo "no scale-up within 60 s"; }
 wait "$load_pid" || true
 
 step "Load stopped: the autoscaler scales down once the hold window (30 s) has passed"
+scaled_down=yes
 watch_until 150 '[ "$(replicas)" -eq 1 ]' && echo "back to $(replicas) replica" \
-  || echo "still at $(replicas) replicas"
+  || { scaled_down=no; echo "still at $(replicas) replicas"; }
 echo
 "$kubectl" describe inferenceservice mlp -n "$ns" | sed -n '/^Events:/,$p'
+if [ "$scaled_up" = no ] || [ "$scaled_down" = no ]; then
+  echo "The autoscaler did not do its part (scaled up: $scaled_up, back down: $scaled_down):" >&2
+  echo "see the conditions above and $state/operator.log" >&2
+  exit 1
+fi
 
 step "Done"
 echo "The cluster keeps running:  export KUBECONFIG=$KUBECONFIG"
