@@ -246,11 +246,16 @@ def test_a_gpu_service_runs_on_the_real_nodes_cpu_and_says_so(
     KILN_IMITATED_GPUS: the GPU pod is placed as on a GPU cluster, its runtime told to use CPU."""
     product = ClusterOptions().gpu_product
     resources = {"gpuCount": 1, "gpuProduct": product, "cpu": "1", "memory": "2Gi"}
-    apply_and_serve(cluster, namespace, model, "gpu", resources=resources)
+    apply_and_serve(cluster, namespace, model, MODEL, resources=resources)
     cluster.kubectl(
-        "wait", "-n", namespace, "--for=condition=Ready", "inferenceservice/gpu", "--timeout=60s"
+        "wait",
+        "-n",
+        namespace,
+        "--for=condition=Ready",
+        f"inferenceservice/{MODEL}",
+        "--timeout=60s",
     )
-    with service_address(cluster, namespace, "gpu") as address:
+    with service_address(cluster, namespace, MODEL) as address:
         assert infer_grpc(address[GRPC]).shape == (1, 10)
     (pod,) = runtime_pods(cluster, namespace)
     (container,) = pod["spec"]["containers"]
