@@ -40,7 +40,8 @@ step "The operator (log: $state/operator.log), reading the cluster's Prometheus"
 KILN_PROMETHEUS_URL=$("$py" -c 'import json; print(json.load(open(".kiln/cluster/cluster.json"))["prometheus"])')
 export KILN_PROMETHEUS_URL
 echo "Prometheus: ${KILN_PROMETHEUS_URL:-none}"
-"$py" -m kiln_operator run --standalone --namespace "$ns" >"$state/operator.log" 2>&1 &
+# The real node advertises GPUs it does not have: a GPU service's runtime would run on its CPU.
+KILN_IMITATED_GPUS=true "$py" -m kiln_operator run --standalone --namespace "$ns" >"$state/operator.log" 2>&1 &
 operator_pid=$!
 trap 'kill "$operator_pid" 2>/dev/null; wait "$operator_pid" 2>/dev/null || true' EXIT
 

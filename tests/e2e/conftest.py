@@ -72,6 +72,8 @@ def _start_operator(cluster: E2ECluster, log: Path, prometheus: str) -> subproce
         "KUBECONFIG": str(cluster.kubeconfig),
         "KILN_RESYNC_SECONDS": "5",
         "KILN_PROMETHEUS_URL": prometheus,
+        # The real node advertises GPUs it does not have: GPU services' runtimes run on its CPU.
+        "KILN_IMITATED_GPUS": "true",
     }
     env.pop("KUBERNETES_SERVICE_HOST", None)
     with log.open("wb") as out:
