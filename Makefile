@@ -110,7 +110,7 @@ run-operator: venv ## Run the operator in the foreground against $KUBECONFIG (de
 bench-operator: venv ## 100 and 1000 InferenceServices at once, and the autoscaler at steady load, on the local cluster -> docs/benchmarks/operator.md
 	$(PY) -m tests.integration.operator.bench_operator --counts 100 1000 --autoscaler-counts 100 1000 --out docs/benchmarks/operator.md
 
-bench-pinning: venv system-deps docker-up ## gRPC calls per pod after 1 -> 3 on the real node, with and without a max connection age -> docs/benchmarks/grpc-pinning.md
+bench-pinning: venv system-deps docker-up ## gRPC calls per pod after 1 -> 3 on the real node: 12 clients with/without a max connection age, 1 client via the cluster IP and via round_robin -> docs/benchmarks/grpc-pinning.md
 	$(PY) -m tests.e2e.bench_grpc_pinning --out docs/benchmarks
 
 bench-fetch: venv ## Model download MB/s: kiln_runtime fetch vs curl, same SeaweedFS object -> docs/benchmarks/fetch.md

@@ -76,7 +76,8 @@ step "The operator (log: $state/operator.log), reading the cluster's Prometheus"
 KILN_PROMETHEUS_URL=$("$py" -c 'import json; print(json.load(open(".kiln/cluster/cluster.json"))["prometheus"])')
 export KILN_PROMETHEUS_URL
 echo "Prometheus: ${KILN_PROMETHEUS_URL:-none}"
-"$py" -m kiln_operator run --standalone --namespace "$ns" >"$state/operator.log" 2>&1 &
+# The real node advertises GPUs it does not have: a GPU service's runtime would run on its CPU.
+KILN_IMITATED_GPUS=true "$py" -m kiln_operator run --standalone --namespace "$ns" >"$state/operator.log" 2>&1 &
 pids+=($!)
 
 step "An InferenceService: kubectl apply -f $manifest"
@@ -108,15 +109,22 @@ watch_until() {  # watch_until SECONDS CONDITION: print the service every 5 s un
 step "Load: gRPC requests through the Service's cluster IP (kube-proxy) for 60 s; the autoscaler reacts"
 "$py" e2e/demo/load.py --namespace "$ns" --service mlp --model mlp --seconds 60 --concurrency 32 &
 load_pid=$!
+scaled_up=yes
 watch_until 60 '[ "$(replicas)" -gt 1 ]' && echo "scaled up to $(replicas) replicas" \
-  || echo "no scale-up within 60 s"
+  || { scaled_up=no; echo "no scale-up within 60 s"; }
 wait "$load_pid" || true
 
 step "Load stopped: the autoscaler scales down once the hold window (30 s) has passed"
+scaled_down=yes
 watch_until 150 '[ "$(replicas)" -eq 1 ]' && echo "back to $(replicas) replica" \
-  || echo "still at $(replicas) replicas"
+  || { scaled_down=no; echo "still at $(replicas) replicas"; }
 echo
 "$kubectl" describe inferenceservice mlp -n "$ns" | sed -n '/^Events:/,$p'
+if [ "$scaled_up" = no ] || [ "$scaled_down" = no ]; then
+  echo "The autoscaler did not do its part (scaled up: $scaled_up, back down: $scaled_down):" >&2
+  echo "see the conditions above and $state/operator.log" >&2
+  exit 1
+fi
 
 step "Done"
 echo "The cluster keeps running:  export KUBECONFIG=$KUBECONFIG"

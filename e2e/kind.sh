@@ -3,7 +3,8 @@
 # image). Not run in CI here: this project's CI machines reach no image registry, and the local
 # control plane (`make demo`, `make test`) covers the same paths there.
 #
-# kind nodes have no GPUs: the suite's services are CPU ones (gpuCount 0). Steps: a kind cluster;
+# kind nodes have no GPUs: they advertise imitated ones, and the suite's one GPU service runs on
+# their CPU (KILN_IMITATED_GPUS); the others are CPU services. Steps: a kind cluster;
 # the operator and runtime images built locally and loaded into it; `kubectl apply -k
 # manifests/`; then `tests/e2e`, the suite `make test` runs on the local cluster's real node.
 set -euo pipefail
@@ -34,8 +35,20 @@ USER 10001:10001
 DOCKERFILE
 kind load docker-image --name "$cluster" "$operator_image" "$runtime_image-example"
 
+# kind has no GPUs: its nodes advertise imitated ones (an extended resource patched into the node
+# status, the documented way without a device plugin, and the product label), and the operator
+# runs with KILN_IMITATED_GPUS (the component manifests/components/imitated-gpus, the chart's
+# imitatedGpus), so the suite's GPU service runs its runtime on the node's CPU.
+gpu_product=NVIDIA-A100-SXM4-80GB
+for node in $(kubectl get nodes -o name); do
+  kubectl label --overwrite "$node" nvidia.com/gpu.product="$gpu_product"
+  kubectl patch "$node" --subresource=status --type=merge \
+    -p '{"status":{"capacity":{"nvidia.com/gpu":"8"}}}'
+done
+
 kubectl apply -k manifests/
 kubectl -n kiln-system set image deployment/kiln-operator operator="$operator_image"
+kubectl -n kiln-system set env deployment/kiln-operator KILN_IMITATED_GPUS=true
 kubectl -n kiln-system rollout status deployment/kiln-operator --timeout=180s
 
 # The same end-to-end suite as the local cluster's, against this cluster: the model is the one

@@ -52,6 +52,15 @@ ANNOTATION_PROMETHEUS_SCRAPE: Final = "prometheus.io/scrape"
 ANNOTATION_PROMETHEUS_PORT: Final = "prometheus.io/port"
 ANNOTATION_PROMETHEUS_PATH: Final = "prometheus.io/path"
 """The three plain scrape annotations, used when the Prometheus Operator is not installed."""
+ANNOTATION_IMITATED_GPUS: Final = f"{GROUP}/imitated-gpus"
+"""On the pod template of a GPU service while the operator's ENV_IMITATED_GPUS is on: the pods
+request GPUs but their runtime runs on CPU. Read by people (`kubectl describe pod`) and tests."""
+
+# --- operator settings (its environment) -------------------------------------------------------
+ENV_IMITATED_GPUS: Final = "KILN_IMITATED_GPUS"
+"""`true` only on clusters whose GPUs are imitated (the local cluster, kind): GPU pods still
+request `nvidia.com/gpu` and go to GPU nodes, but their runtime is told to run on CPU. Off (the
+default), a GPU pod's runtime demands CUDA and fails at start-up on a node without it."""
 
 # --- pod readiness gate (issue 5's warm-up gate sets it) ----------------------------------------
 CONDITION_WARMED_UP: Final = f"{GROUP}/warmed-up"

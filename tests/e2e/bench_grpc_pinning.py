@@ -3,15 +3,18 @@
 Why it exists: kube-proxy balances connections, not calls, and `tritonclient` keeps one HTTP/2
 connection. Clients that connected while one replica ran keep every call on it after the
 autoscaler added two more — unless the runtime ends aged connections (spec.runtime.connections)
-so they reconnect through the Service. This runs both, side by side in one run, on the local
-cluster's real node, through the Service's cluster IP, and writes the per-pod shares over time
-to docs/benchmarks/grpc-pinning.md.
+so they reconnect through the Service. That spreads many clients, never one: a single client's
+one connection is on one pod at a time. For one client the fix is on its side, gRPC's
+`round_robin` over a headless Service's pod addresses. This runs each case on the local
+cluster's real node — 12 clients and then one through the Service's cluster IP, one through the
+headless Service — and writes the per-pod shares over time to docs/benchmarks/grpc-pinning.md.
 
     python -m tests.e2e.bench_grpc_pinning --out docs/benchmarks   (`make bench-pinning`)
 """
 
 import argparse
 import datetime
+import json
 import platform
 import sys
 import threading
@@ -28,6 +31,7 @@ import yaml
 from kiln_localcluster.cluster import kubectl
 from kiln_localcluster.waiting import wait_for
 from tests.e2e.benchcluster import IMAGE, REPO, BenchCluster, bench_cluster
+from tests.e2e.headless_dns import HeadlessDns
 
 WINDOW_SECONDS = 15.0
 MEASURE_SECONDS = 90.0
@@ -35,6 +39,12 @@ CALL_GAP_SECONDS = 0.02
 """Each client paces its calls: load is steady, and the 2 cores stay shared fairly."""
 MAX_CALLS_PER_CLIENT = 20_000
 CLIENTS = 12
+GRPC_PORT = 8001
+HEADLESS = "pin-pods"
+LOCAL_SUBCHANNELS = ("grpc.use_local_subchannel_pool", 1)
+"""grpcio shares one connection among the channels of a process that name the same target;
+a local subchannel pool gives each client its own, as separate client processes have."""
+ROUND_ROBIN = ("grpc.lb_policy_name", "round_robin")
 
 
 @dataclass
@@ -42,9 +52,12 @@ class Variant:
     name: str
     max_age_seconds: int
     clients: int
+    headless: bool = False
+    """Through a headless Service with `round_robin`, instead of the Service's cluster IP."""
     windows: list[dict[str, float]] = field(default_factory=list)
     errors: int = 0
     calls: int = 0
+    dns_queries: int = 0
 
 
 def service(name: str, max_age: int, replicas: int) -> str:
@@ -95,14 +108,47 @@ def pod_counts(cluster: Any, namespace: str) -> dict[str, float]:
     return counts
 
 
-def load(address: str, stop: threading.Event, variant: Variant, lock: threading.Lock) -> None:
-    """One long-lived client: one tritonclient, one connection, calls until told to stop.
-
-    grpcio shares one connection among the channels of a process that name the same target;
-    a local subchannel pool gives each client its own, as separate client processes have."""
-    client = grpcclient.InferenceServerClient(
-        address, channel_args=[("grpc.use_local_subchannel_pool", 1)]
+def headless_service(selector: dict[str, str]) -> str:
+    """The headless Service a user adds for client-side balancing: no cluster IP, its DNS name
+    answers with the ready pods' addresses."""
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": HEADLESS},
+            "spec": {
+                "clusterIP": "None",
+                "selector": selector,
+                "ports": [{"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc"}],
+            },
+        }
     )
+
+
+def ready_addresses(cluster: Any, namespace: str) -> list[str]:
+    """The headless Service's ready endpoints, as cluster DNS answers its name."""
+    listing = kubectl(cluster, "get", "endpointslices", "-n", namespace, "-o", "json",
+                      "-l", f"kubernetes.io/service-name={HEADLESS}", check=False)  # fmt: skip
+    if listing.returncode != 0:
+        return []
+    return sorted(
+        address
+        for item in json.loads(listing.stdout)["items"]
+        for endpoint in item.get("endpoints") or []
+        if (endpoint.get("conditions") or {}).get("ready")
+        for address in endpoint["addresses"]
+    )
+
+
+def load(
+    target: str,
+    channel_args: list[tuple[str, Any]],
+    stop: threading.Event,
+    variant: Variant,
+    lock: threading.Lock,
+) -> None:
+    """One long-lived client: one tritonclient (one channel), calls until told to stop."""
+    client = grpcclient.InferenceServerClient(target, channel_args=channel_args)
     tensor = grpcclient.InferInput("INPUT__0", [1, 512], "FP32")
     tensor.set_data_from_numpy(np.ones((1, 512), dtype=np.float32))
     try:
@@ -133,12 +179,40 @@ def run_variant(bench: BenchCluster, variant: Variant) -> None:
     kubectl(cluster, "apply", "-n", namespace, "-f", "-",
             input=service("pin", variant.max_age_seconds, 1))  # fmt: skip
     wait_for(lambda: ready_pods(cluster, namespace) == 1, timeout=180, description="1 pod")
-    ip = yaml.safe_load(
-        kubectl(cluster, "get", "svc", "pin", "-n", namespace, "-o", "yaml").stdout
-    )["spec"]["clusterIP"]
+    try:
+        if not variant.headless:
+            ip = yaml.safe_load(
+                kubectl(cluster, "get", "svc", "pin", "-n", namespace, "-o", "yaml").stdout
+            )["spec"]["clusterIP"]
+            measure(bench, variant, namespace, f"{ip}:{GRPC_PORT}", [LOCAL_SUBCHANNELS])
+            return
+        deployment = kubectl(cluster, "get", "deployment", "pin", "-n", namespace, "-o", "yaml")
+        selector = yaml.safe_load(deployment.stdout)["spec"]["selector"]["matchLabels"]
+        kubectl(cluster, "apply", "-n", namespace, "-f", "-",
+                input=headless_service(selector))  # fmt: skip
+        wait_for(lambda: len(ready_addresses(cluster, namespace)) == 1, timeout=30,
+                 description="the headless Service's endpoint")  # fmt: skip
+        name = f"{HEADLESS}.{namespace}.svc.cluster.local"
+        with HeadlessDns(name, lambda: ready_addresses(cluster, namespace)) as dns:
+            channel_args = [LOCAL_SUBCHANNELS, ROUND_ROBIN]
+            measure(bench, variant, namespace, dns.target(GRPC_PORT), channel_args)
+            variant.dns_queries = dns.queries
+    finally:
+        kubectl(cluster, "delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def measure(
+    bench: BenchCluster,
+    variant: Variant,
+    namespace: str,
+    target: str,
+    channel_args: list[tuple[str, Any]],
+) -> None:
+    """The clients connect to the one pod; then 1 -> 3, and each pod's share per window."""
+    cluster = bench.info
     stop, lock = threading.Event(), threading.Lock()
     threads = [
-        threading.Thread(target=load, args=(f"{ip}:8001", stop, variant, lock), daemon=True)
+        threading.Thread(target=load, args=(target, channel_args, stop, variant, lock), daemon=True)
         for _ in range(variant.clients)
     ]
     for thread in threads:
@@ -161,7 +235,6 @@ def run_variant(bench: BenchCluster, variant: Variant) -> None:
         stop.set()
         for thread in threads:
             thread.join(timeout=15)
-        kubectl(cluster, "delete", "namespace", namespace, "--wait=false", check=False)
 
 
 def report(variants: list[Variant], started: datetime.datetime) -> str:
@@ -174,9 +247,10 @@ def report(variants: list[Variant], started: datetime.datetime) -> str:
         f"- When: {started:%Y-%m-%d %H:%M} UTC; machine: 2 CPUs ({platform.machine()}), shared "
         "by the local control plane, the real node (kubelet, containerd, kube-proxy) and the pods",
         "- Each variant: an InferenceService of the example MLP at 1 replica; long-lived "
-        f"`tritonclient.grpc` clients (one connection each, a call every "
+        f"`tritonclient.grpc` clients (one channel each, a call every "
         f"{CALL_GAP_SECONDS * 1000:.0f} ms) through the Service's cluster IP (kube-proxy, "
-        "iptables mode); then minReplicas 1 -> 3. "
+        "iptables mode) or, with `round_robin`, through a headless Service; then "
+        "minReplicas 1 -> 3. "
         f"Shares: each pod's part of the gRPC calls answered in successive {WINDOW_SECONDS:.0f} s "
         "windows, counted from the pods' own `kiln_requests_total`, from the moment all 3 pods "
         "are ready.",
@@ -185,10 +259,16 @@ def report(variants: list[Variant], started: datetime.datetime) -> str:
     ]
     for variant in variants:
         age = f"{variant.max_age_seconds} s" if variant.max_age_seconds else "off"
+        route = "`round_robin` over a headless Service" if variant.headless else "the cluster IP"
+        resolved = (
+            f" The client resolved the headless name {variant.dns_queries} times (DNS queries)."
+            if variant.headless
+            else ""
+        )
         lines += [
-            f"## {variant.clients} client(s), maximum connection age {age}",
+            f"## {variant.clients} client(s), {route}, maximum connection age {age}",
             "",
-            f"Calls answered {variant.calls}, failed {variant.errors}.",
+            f"Calls answered {variant.calls}, failed {variant.errors}.{resolved}",
             "",
             "| window (s after 3 ready) | shares per pod | largest deviation from 33 % |",
             "|---|---|---:|",
@@ -214,15 +294,27 @@ def report(variants: list[Variant], started: datetime.datetime) -> str:
         "",
         "- Without a maximum age every connection stays on the pod it found: the two replicas "
         "the autoscaler added serve none of these clients' calls.",
-        "- With it, each connection ends after 30 s (±10 %) with a GOAWAY; in-flight calls finish "
-        "(failed calls above) and the client reconnects through the Service, where kube-proxy "
-        "picks a pod at random. Shares converge as connections rotate.",
-        "- Connection-level balancing cannot split one connection: a single client with one "
-        "connection is on one pod at a time (it moves every max age). For per-call balancing, "
-        "use gRPC's `round_robin` over the pods' addresses (a headless Service), e.g. "
-        '`tritonclient.grpc.InferenceServerClient("dns:///<headless>:8001", channel_args='
-        '[("grpc.lb_policy_name", "round_robin")])`; the max age also makes such a client '
-        "re-resolve and find new pods.",
+        "- With it, each connection ends after 30 s (±10 %) with a GOAWAY and the client "
+        "reconnects through the Service, where kube-proxy picks a pod at random. Shares converge "
+        "as connections rotate. The failed calls counted above are what those ends cost a "
+        "client that reconnects through the cluster IP (the benchmark counts them, it does not "
+        "classify them); compare the `round_robin` client's count.",
+        "- Connection-level balancing cannot split one connection: a single client through the "
+        "cluster IP is on one pod at a time, and moves, pod by pod, at every maximum age. Its "
+        "windows show one or two pods, never a fair share.",
+        "- For one client the fix is on the client's side: gRPC's `round_robin` over the pods' "
+        "own addresses, which a headless Service (`clusterIP: None`, the InferenceService's "
+        "pod selector) gives through DNS: "
+        '`tritonclient.grpc.InferenceServerClient("dns:///<headless>.<ns>.svc.cluster.local:8001", '
+        'channel_args=[("grpc.lb_policy_name", "round_robin")])`. The client holds a connection '
+        "to every ready pod and sends each call to the next. It re-resolves the name when a "
+        "connection ends (at most every 30 s, grpc's default), so it is the maximum connection "
+        "age that lets it find the replicas added after it connected.",
+        "- The local cluster runs no cluster DNS: the benchmark answers the headless Service's "
+        "name itself, from its EndpointSlices' ready addresses as CoreDNS does "
+        "(`tests/e2e/headless_dns.py`), and the client names that server in its target "
+        "(`dns://127.0.0.1:<port>/<headless>.<ns>.svc.cluster.local:8001`); the rest of "
+        "the resolution is grpc's own.",
         "- grpcio shares one connection among a process's channels to the same target; the "
         "clients here use `grpc.use_local_subchannel_pool` so that each has its own, as separate "
         "client processes do.",
@@ -239,6 +331,8 @@ def main() -> int:
         variants = [
             Variant("pinned", max_age_seconds=0, clients=CLIENTS),
             Variant("aged", max_age_seconds=30, clients=CLIENTS),
+            Variant("one-aged", max_age_seconds=30, clients=1),
+            Variant("one-round-robin", max_age_seconds=30, clients=1, headless=True),
         ]
         for variant in variants:
             print(f"[bench-pinning] {variant.name}", file=sys.stderr, flush=True)

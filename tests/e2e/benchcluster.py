@@ -65,7 +65,7 @@ def bench_cluster(name: str) -> Iterator[BenchCluster]:
         with (STATE_DIR / f"bench-{name}-operator.log").open("wb") as log:
             operator = subprocess.Popen(
                 [sys.executable, "-m", "kiln_operator", "run", "--standalone"],
-                env={**os.environ, "KUBECONFIG": info.kubeconfig},
+                env={**os.environ, "KUBECONFIG": info.kubeconfig, "KILN_IMITATED_GPUS": "true"},
                 stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
             )  # fmt: skip
         yield BenchCluster(info, models)

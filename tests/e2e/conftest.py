@@ -72,6 +72,8 @@ def _start_operator(cluster: E2ECluster, log: Path, prometheus: str) -> subproce
         "KUBECONFIG": str(cluster.kubeconfig),
         "KILN_RESYNC_SECONDS": "5",
         "KILN_PROMETHEUS_URL": prometheus,
+        # The real node advertises GPUs it does not have: GPU services' runtimes run on its CPU.
+        "KILN_IMITATED_GPUS": "true",
     }
     env.pop("KUBERNETES_SERVICE_HOST", None)
     with log.open("wb") as out:
@@ -84,7 +86,10 @@ def _start_operator(cluster: E2ECluster, log: Path, prometheus: str) -> subproce
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[E2ECluster]:
     external = os.environ.get("KILN_E2E_KUBECONFIG")
-    kubectl_path = Path(os.environ.get("KILN_E2E_KUBECTL", resolve_binaries() / "kubectl"))
+    # Resolved only when not given: resolving builds the local cluster's binaries where they
+    # are not cached, which a kind user (e2e/kind.sh) does not need.
+    given = os.environ.get("KILN_E2E_KUBECTL")
+    kubectl_path = Path(given) if given else resolve_binaries() / "kubectl"
     if external:
         yield E2ECluster(Path(external), kubectl_path, local=None)
         return

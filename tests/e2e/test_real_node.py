@@ -13,6 +13,7 @@ import tritonclient.http as httpclient
 import yaml
 
 from kiln_localcluster import node
+from kiln_localcluster.cluster import ClusterOptions
 from kiln_localcluster.waiting import wait_for
 from tests.e2e.conftest import RUNTIME_IMAGE, RUNTIME_UID, E2ECluster, Model, service_address
 from tests.integration.conftest import missing_component
@@ -21,6 +22,8 @@ GATE = "serving.kiln.dev/warmed-up"
 HTTP, GRPC = 8000, 8001
 READ_ONLY = "Read-only file system"
 MODEL = "mlp"
+GPU, GPU_PRODUCT = "nvidia.com/gpu", "nvidia.com/gpu.product"
+IMITATED = "serving.kiln.dev/imitated-gpus"
 
 
 def inference_service(name: str, model: Model, **spec: Any) -> str:
@@ -87,9 +90,12 @@ def ready_addresses(cluster: E2ECluster, namespace: str, name: str) -> set[str]:
     }
 
 
-def apply_and_serve(cluster: E2ECluster, namespace: str, model: Model, name: str) -> float:
+def apply_and_serve(
+    cluster: E2ECluster, namespace: str, model: Model, name: str, **spec: Any
+) -> float:
     """Apply, then infer through the Service until it answers; seconds from apply."""
-    return apply_manifest_and_serve(cluster, namespace, inference_service(name, model), name)
+    body = inference_service(name, model, **spec)
+    return apply_manifest_and_serve(cluster, namespace, body, name)
 
 
 def apply_manifest_and_serve(
@@ -239,3 +245,37 @@ def test_killed_runtime_restarts_and_takes_traffic_only_after_warm_up_again(
             description="an inference through the Service after the restart",
         )
     print(f"\nkilled pod left the ready endpoints after {left_after:.2f} s")
+
+
+def test_a_gpu_service_runs_on_the_real_nodes_cpu_and_says_so(
+    cluster: E2ECluster, namespace: str, model: Model
+) -> None:
+    """The node advertises `nvidia.com/gpu` without having one, and the operator runs with
+    KILN_IMITATED_GPUS: the GPU pod is placed as on a GPU cluster, its runtime told to use CPU."""
+    product = ClusterOptions().gpu_product
+    resources = {"gpuCount": 1, "gpuProduct": product, "cpu": "1", "memory": "2Gi"}
+    apply_and_serve(cluster, namespace, model, MODEL, resources=resources)
+    cluster.kubectl(
+        "wait",
+        "-n",
+        namespace,
+        "--for=condition=Ready",
+        f"inferenceservice/{MODEL}",
+        "--timeout=60s",
+    )
+    with service_address(cluster, namespace, MODEL) as address:
+        assert infer_grpc(address[GRPC]).shape == (1, 10)
+    (pod,) = runtime_pods(cluster, namespace)
+    (container,) = pod["spec"]["containers"]
+    assert container["resources"]["requests"][GPU] == "1"
+    assert container["resources"]["limits"][GPU] == "1"
+    assert pod["spec"]["nodeSelector"][GPU_PRODUCT] == product
+    placed = cluster.get_json("node", pod["spec"]["nodeName"])
+    assert placed["metadata"]["labels"][GPU_PRODUCT] == product
+    assert int(placed["status"]["allocatable"][GPU]) >= 1
+    if cluster.local is not None:
+        assert pod["spec"]["nodeName"] == node.NODE_NAME
+    # The pod says its GPU is imitated, and its runtime was told to run on CPU.
+    assert "runs on CPU" in pod["metadata"]["annotations"][IMITATED]
+    config = next(e["value"] for e in container["env"] if e["name"] == "KILN_RUNTIME_CONFIG")
+    assert json.loads(config)["optimization"]["device"] == "cpu"

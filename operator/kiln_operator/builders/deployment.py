@@ -6,6 +6,11 @@ the restricted security profile — is translated here, and only here.
 
 `replicas` is set only when `initial_replicas` is given (creation): on an existing Deployment
 the autoscaler owns it and the reconcile loop never writes it.
+
+`imitated_gpus` is the platform's declaration that its GPUs are imitated (the operator's
+KILN_IMITATED_GPUS: the local cluster, kind): GPU pods keep their GPU request, node selector and
+toleration, their runtime runs on CPU, and the pod template carries ANNOTATION_IMITATED_GPUS so
+nobody takes such a pod for a GPU run.
 """
 
 from typing import Any
@@ -135,7 +140,7 @@ def _fetch_container(spec: InferenceServiceSpec) -> Manifest:
     }
 
 
-def _container(spec: InferenceServiceSpec, owner: Owner) -> Manifest:
+def _container(spec: InferenceServiceSpec, owner: Owner, imitated_gpus: bool) -> Manifest:
     model_path = spec.model.path_in_container(constants.MODEL_MOUNT_ROOT)
     mounts: list[Manifest] = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]
     claim = spec.model.pvc_claim
@@ -167,7 +172,10 @@ def _container(spec: InferenceServiceSpec, owner: Owner) -> Manifest:
             str(constants.METRICS_PORT),
         ],
         "env": [
-            {"name": constants.ENV_RUNTIME_CONFIG, "value": render_runtime_config(spec, owner.name)}
+            {
+                "name": constants.ENV_RUNTIME_CONFIG,
+                "value": render_runtime_config(spec, owner.name, imitated_gpus=imitated_gpus),
+            }
         ],
         "ports": [
             {
@@ -233,7 +241,9 @@ def _volumes(spec: InferenceServiceSpec) -> list[Manifest]:
     return volumes
 
 
-def build_pod_spec(spec: InferenceServiceSpec, owner: Owner) -> Manifest:
+def build_pod_spec(
+    spec: InferenceServiceSpec, owner: Owner, *, imitated_gpus: bool = False
+) -> Manifest:
     """The runtime pod's spec."""
     node_selector, tolerations = _gpu_placement(spec)
     pod: Manifest = {
@@ -247,7 +257,7 @@ def build_pod_spec(spec: InferenceServiceSpec, owner: Owner) -> Manifest:
             "fsGroup": RUNTIME_USER_ID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_container(spec, owner)],
+        "containers": [_container(spec, owner, imitated_gpus)],
         "volumes": _volumes(spec),
     }
     pod["initContainers"] = [_fetch_container(spec)] if spec.model.is_fetched else []
@@ -264,8 +274,28 @@ def build_pod_spec(spec: InferenceServiceSpec, owner: Owner) -> Manifest:
     return pod
 
 
+def _template_metadata(spec: InferenceServiceSpec, owner: Owner, imitated_gpus: bool) -> Manifest:
+    metadata: Manifest = {"labels": child_labels(owner.name)}
+    if imitated_gpus and spec.resources.gpu_count > 0:
+        # Only when set: an empty desired map would demand that the live one be empty, and
+        # `kubectl rollout restart` writes its own annotation there. Turning the setting off
+        # changes the runtime config too, so that update replaces the template, annotation and all.
+        metadata["annotations"] = {
+            constants.ANNOTATION_IMITATED_GPUS: (
+                f"requests {spec.resources.gpu_count} {constants.GPU_RESOURCE} but runs on CPU: "
+                f"the operator's {constants.ENV_IMITATED_GPUS} declares this cluster's GPUs "
+                "imitated"
+            )
+        }
+    return metadata
+
+
 def build_deployment(
-    spec: InferenceServiceSpec, owner: Owner, initial_replicas: int | None = None
+    spec: InferenceServiceSpec,
+    owner: Owner,
+    initial_replicas: int | None = None,
+    *,
+    imitated_gpus: bool = False,
 ) -> Manifest:
     """The desired Deployment. Pass `initial_replicas` only to create it."""
     attempts = spec.warmup.retries + 1
@@ -280,8 +310,8 @@ def build_deployment(
             PROGRESS_DEADLINE_FLOOR_SECONDS, spec.warmup.timeout_seconds * attempts + 300
         ),
         "template": {
-            "metadata": {"labels": child_labels(owner.name)},
-            "spec": build_pod_spec(spec, owner),
+            "metadata": _template_metadata(spec, owner, imitated_gpus),
+            "spec": build_pod_spec(spec, owner, imitated_gpus=imitated_gpus),
         },
     }
     if initial_replicas is not None:

@@ -2,6 +2,10 @@
 
 Why it exists: this is the operator's half of the operator/runtime contract; the keys and
 values here are exactly those the runtime's config parser accepts.
+
+A GPU service's runtime is told `device: cuda`, so it fails at start-up, loudly, on a node
+without CUDA. Only where the platform declares its GPUs imitated (`imitated_gpus`, the operator's
+KILN_IMITATED_GPUS) is it told `device: cpu` instead.
 """
 
 import json
@@ -14,7 +18,14 @@ def _tensor(tensor: TensorSpec) -> dict[str, Any]:
     return {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
 
 
-def build_runtime_config(spec: InferenceServiceSpec, service_name: str) -> dict[str, Any]:
+def runtime_device(spec: InferenceServiceSpec, *, imitated_gpus: bool = False) -> str:
+    """The device the runtime must use: CUDA for a GPU service, unless GPUs are imitated."""
+    return "cuda" if spec.resources.gpu_count > 0 and not imitated_gpus else "cpu"
+
+
+def build_runtime_config(
+    spec: InferenceServiceSpec, service_name: str, *, imitated_gpus: bool = False
+) -> dict[str, Any]:
     """The runtime config as a dict (camelCase keys, as the contract specifies)."""
     batching = spec.runtime.batching
     optimization = spec.runtime.optimization
@@ -31,7 +42,7 @@ def build_runtime_config(spec: InferenceServiceSpec, service_name: str) -> dict[
             "mode": optimization.mode,
             "precision": optimization.precision,
             "cudaGraphs": optimization.cuda_graphs,
-            "device": "cuda" if spec.resources.gpu_count > 0 else "cpu",
+            "device": runtime_device(spec, imitated_gpus=imitated_gpus),
         },
         "batching": {
             "maxBatchSize": batching.max_batch_size,
@@ -47,9 +58,10 @@ def build_runtime_config(spec: InferenceServiceSpec, service_name: str) -> dict[
     }
 
 
-def render_runtime_config(spec: InferenceServiceSpec, service_name: str) -> str:
+def render_runtime_config(
+    spec: InferenceServiceSpec, service_name: str, *, imitated_gpus: bool = False
+) -> str:
     """The runtime config as compact, key-sorted JSON: byte-identical for an unchanged spec, so
     an unchanged spec never triggers a rollout."""
-    return json.dumps(
-        build_runtime_config(spec, service_name), sort_keys=True, separators=(",", ":")
-    )
+    config = build_runtime_config(spec, service_name, imitated_gpus=imitated_gpus)
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))

@@ -28,6 +28,16 @@ from kiln_operator.k8s.platform import PlatformObjects
 from kiln_operator.k8s.reconciler import ChildrenNotApplied, Outcome, Reconciler
 from kiln_operator.k8s.workqueue import Request, WorkQueue
 
+
+def operator_flag(name: str) -> bool:
+    """A boolean setting of the operator's environment: `true`, or `false`/unset. Anything else
+    stops the start, naming the variable (a typo must not silently leave a setting off)."""
+    value = os.environ.get(name, "").strip().lower()
+    if value not in ("", "true", "false"):
+        raise ValueError(f"{name} must be 'true' or 'false', not {value!r}")
+    return value == "true"
+
+
 RECONCILE_WORKERS = int(os.environ.get("KILN_RECONCILE_WORKERS", "64"))
 """Reconciles running at once (controller-runtime's MaxConcurrentReconciles). Most of a new
 service's reconcile waits for its Service's cluster IP (seconds when many are allocated at
@@ -53,6 +63,9 @@ ALLOWED_PROMETHEUS_URLS = tuple(
 """Prometheus endpoints a service may name besides the operator's own, comma-separated (see
 InferencePolicy's allowedPrometheusUrls for the matching rule); ClusterInferencePolicies add
 their own. Empty: services may name only the Prometheus URLs the platform set elsewhere."""
+IMITATED_GPUS = operator_flag(constants.ENV_IMITATED_GPUS)
+"""Whether this cluster's GPUs are imitated (constants.ENV_IMITATED_GPUS): GPU pods' runtimes are
+then told to run on CPU. Only for clusters without GPUs that test Kiln (the local cluster, kind)."""
 OTHER_CONNECTIONS = 16
 """Open API connections of the operator's other client (autoscaler, warm-up gate, events,
 profiles): it has few requests in flight, and each open connection holds a 256 KiB TLS read
@@ -100,7 +113,14 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     memo.cache = ObjectCache()
     memo.platform = PlatformObjects(PROMETHEUS_URL, ALLOWED_PROMETHEUS_URLS, WARMUP_BUDGET_BYTES)
     await memo.platform.prime(memo.kube, list(memo.get("namespaces") or []) or None)
-    memo.reconciler = Reconciler(memo.reconcile_kube, memo.cache, memo.platform)
+    if IMITATED_GPUS:
+        logger.warning(
+            "%s is on: GPU pods request GPUs but their runtime runs on CPU",
+            constants.ENV_IMITATED_GPUS,
+        )
+    memo.reconciler = Reconciler(
+        memo.reconcile_kube, memo.cache, memo.platform, imitated_gpus=IMITATED_GPUS
+    )
 
     async def reconcile(namespace: str, name: str, request: Request) -> None:
         outcome = await memo.reconciler.reconcile(namespace, name, fresh=request.fresh)

@@ -99,8 +99,11 @@ class Reconciler:
         kube: KubeClient,
         cache: ObjectCache,
         platform: PlatformObjects | None = None,
+        *,
+        imitated_gpus: bool = False,
     ) -> None:
         self._kube = kube
+        self._imitated_gpus = imitated_gpus
         self._cache = cache
         self._platform = platform if platform is not None else PlatformObjects()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -233,10 +236,12 @@ class Reconciler:
         async def deployment_and_pdb() -> Manifest | None:
             initial_replicas = spec.autoscaling.min_replicas
             if deployment is None:
-                desired = build_deployment(spec, owner, initial_replicas)
+                desired = build_deployment(
+                    spec, owner, initial_replicas, imitated_gpus=self._imitated_gpus
+                )
                 step = self._create(DEPLOYMENTS, owner, desired, outcome)
             else:
-                desired = build_deployment(spec, owner)
+                desired = build_deployment(spec, owner, imitated_gpus=self._imitated_gpus)
                 step = self._correct(DEPLOYMENTS, owner, deployment, desired, outcome)
             live = await self._reported(step, desired["kind"], owner, outcome)
             if live is None or not _controlled_by(live, owner):

@@ -3,12 +3,14 @@ default values it renders the same objects as the kustomize base (`kubectl kusto
 apart from the Namespace (Helm's `--create-namespace`) and Helm's own bookkeeping labels."""
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from kiln_operator import constants
 from kiln_operator.builders.naming import Manifest
 from tests.gotools import FIRST_BUILD_TEST_TIMEOUT, kubectl
 from tests.integration.conftest import REPO
@@ -199,3 +201,36 @@ def test_the_schema_refuses_bad_values_with_the_keys_path(
     assert result.returncode != 0
     assert "values don't meet the specifications of the schema" in result.stderr
     assert refusal in result.stderr
+
+
+def test_imitated_gpus_are_off_by_default_and_render_the_kustomize_component(
+    helm: list[str], tmp_path: Path
+) -> None:
+    """`imitatedGpus: true` sets the operator's KILN_IMITATED_GPUS, exactly as `manifests/` with
+    the component `manifests/components/imitated-gpus` does; by default it is not set at all."""
+
+    def operator_env(objects: list[Manifest]) -> dict[str, str]:
+        (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
+        return {item["name"]: item["value"] for item in container["env"]}
+
+    assert constants.ENV_IMITATED_GPUS not in operator_env(documents(template(helm).stdout))
+    component = REPO / "manifests" / "components" / "imitated-gpus"
+    (tmp_path / "kustomization.yaml").write_text(
+        "resources:\n"
+        f"  - {os.path.relpath(REPO / 'manifests', tmp_path)}\n"
+        "components:\n"
+        f"  - {os.path.relpath(component, tmp_path)}\n"
+    )
+    base = keyed(documents(run([str(kubectl()), "kustomize", str(tmp_path)]).stdout))
+    chart = keyed(
+        [
+            without_helm_labels(obj)
+            for obj in documents(template(helm, "--set", "imitatedGpus=true").stdout)
+        ]
+    )
+    assert operator_env(list(chart.values()))[constants.ENV_IMITATED_GPUS] == "true"
+    assert set(base) - set(chart) == {("Namespace", NAMESPACE)}
+    for key, obj in chart.items():
+        assert obj == base[key], f"{key} differs between the chart and the kustomize component"
+    refused = template(helm, "--set", "imitatedGpus=yes", check=False)
+    assert "at '/imitatedGpus': got string, want boolean" in refused.stderr

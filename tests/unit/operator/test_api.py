@@ -220,6 +220,31 @@ def test_the_api_refuses_exactly_the_optimizations_the_runtime_refuses() -> None
     assert disagreements == []
 
 
+def test_with_imitated_gpus_every_accepted_gpu_spec_starts_without_cuda() -> None:
+    """A GPU service's runtime demands CUDA, and fails on a node without it; where the platform
+    declares its GPUs imitated, every GPU spec the API accepts starts on a CPU-only node."""
+    refused_without_cuda, failures = 0, []
+    for fmt, mode, precision, graphs in itertools.product(
+        FORMATS, MODES, PRECISIONS, (False, True)
+    ):
+        spec = with_optimization(fmt, 1, mode=mode, precision=precision, cudaGraphs=graphs)
+        result = parse_spec("mlp", spec)
+        if not isinstance(result, InferenceServiceSpec):
+            continue
+        with pytest.raises(ConfigError, match="no CUDA device is visible"):
+            plan_execution(parse_config(build_runtime_config(result, "mlp")), cuda_available=False)
+        refused_without_cuda += 1
+        imitated = build_runtime_config(result, "mlp", imitated_gpus=True)
+        try:
+            plan = plan_execution(parse_config(imitated), cuda_available=False)
+        except ConfigError as error:
+            failures.append(f"{spec['model']['format']} {spec['runtime']['optimization']}: {error}")
+            continue
+        assert plan.device == "cpu" and not plan.cuda_graphs
+    assert refused_without_cuda > 0
+    assert failures == []
+
+
 def test_several_problems_are_all_reported() -> None:
     spec = load_sample("full")["spec"]
     spec["autoscaling"]["minReplicas"] = 20

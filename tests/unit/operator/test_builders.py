@@ -101,6 +101,34 @@ def test_cpu_pods_neither_ask_for_nor_select_gpus() -> None:
     assert pod_spec(manifest)["tolerations"] == []
 
 
+def test_imitated_gpus_change_only_the_device_and_say_so_on_the_pod() -> None:
+    """The platform's KILN_IMITATED_GPUS: a GPU pod keeps its GPU request, product selector and
+    toleration; its runtime is told CPU, and its template carries the annotation."""
+    spec = sample_spec("full")
+    real = build_deployment(spec, OWNER)
+    imitated = build_deployment(spec, OWNER, imitated_gpus=True)
+    real_config = json.loads(runtime_container(real)["env"][0]["value"])
+    imitated_config = json.loads(runtime_container(imitated)["env"][0]["value"])
+    assert real_config["optimization"]["device"] == "cuda"
+    assert imitated_config["optimization"]["device"] == "cpu"
+    assert {**imitated_config, "optimization": real_config["optimization"]} == real_config
+    annotations = imitated["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {
+        constants.ANNOTATION_IMITATED_GPUS: "requests 1 nvidia.com/gpu but runs on CPU: the "
+        "operator's KILN_IMITATED_GPUS declares this cluster's GPUs imitated"
+    }
+    assert "annotations" not in real["spec"]["template"]["metadata"]
+    # Nothing else differs: placement and resources are the GPU pod's.
+    runtime_container(imitated)["env"] = runtime_container(real)["env"]
+    del imitated["spec"]["template"]["metadata"]["annotations"]
+    assert imitated == real
+
+
+def test_imitated_gpus_leave_cpu_pods_alone() -> None:
+    spec = sample_spec("cpu-test")
+    assert build_deployment(spec, OWNER, imitated_gpus=True) == build_deployment(spec, OWNER)
+
+
 def test_ports_probes_and_the_warm_up_gate() -> None:
     manifest = build_deployment(sample_spec("full"), OWNER)
     container = runtime_container(manifest)

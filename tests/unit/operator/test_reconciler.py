@@ -4,6 +4,7 @@ invalid spec, and reads its watch-fed cache instead of the API server."""
 
 import asyncio
 import copy
+import json
 from typing import Any
 
 from kiln_operator import constants
@@ -152,6 +153,36 @@ async def test_drift_is_reverted_but_replicas_are_left_to_the_autoscaler() -> No
     assert deployment["spec"]["replicas"] == 5
     # five replicas now deserve a PodDisruptionBudget
     assert ("create", "poddisruptionbudgets") in kube.writes
+
+
+def runtime_device(deployment: Manifest) -> str:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    config = next(e for e in container["env"] if e["name"] == constants.ENV_RUNTIME_CONFIG)
+    return str(json.loads(config["value"])["optimization"]["device"])
+
+
+async def test_turning_imitated_gpus_on_and_off_rolls_the_gpu_pods_between_cpu_and_cuda() -> None:
+    kube = FakeKube()
+    spec = load_sample("minimal")["spec"]
+    spec["resources"] = {"gpuCount": 1}
+    add_service(kube, spec, name="resnet50")
+    imitated = Reconciler(kube, ObjectCache(), imitated_gpus=True)  # type: ignore[arg-type]
+    await imitated.reconcile(NAMESPACE, "resnet50")
+    deployment = live(kube, DEPLOYMENTS, "resnet50")
+    assert runtime_device(deployment) == "cpu"
+    assert (
+        constants.ANNOTATION_IMITATED_GPUS
+        in deployment["spec"]["template"]["metadata"]["annotations"]
+    )
+    kube.writes.clear()
+    await Reconciler(kube, ObjectCache(), imitated_gpus=True).reconcile(  # type: ignore[arg-type]
+        NAMESPACE, "resnet50"
+    )
+    assert kube.writes == []  # converged: the annotation is no drift
+    await reconciler(kube).reconcile(NAMESPACE, "resnet50")
+    deployment = live(kube, DEPLOYMENTS, "resnet50")
+    assert runtime_device(deployment) == "cuda"
+    assert "annotations" not in deployment["spec"]["template"]["metadata"]
 
 
 async def test_conflicts_are_retried_on_a_fresh_read() -> None:
