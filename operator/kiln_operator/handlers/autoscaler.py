@@ -20,7 +20,7 @@ from prometheus_client import Counter, Histogram
 
 from kiln_operator.handlers.inferenceservice import PROMETHEUS_URL, operator_scheduler
 from kiln_operator.k8s.autoscaler import Autoscaler
-from kiln_operator.k8s.client import ApiError
+from kiln_operator.k8s.client import RequestFailed
 from kiln_operator.k8s.events import post_event
 from kiln_operator.k8s.resources import INFERENCE_SERVICES
 from kiln_operator.k8s.scheduler import Job
@@ -108,7 +108,7 @@ async def _evaluate(memo: Any, namespace: str, name: str) -> float:
     autoscaler = shared_autoscaler(memo)
     try:
         evaluation = await autoscaler.evaluate(namespace, name, datetime.datetime.now(datetime.UTC))
-    except ApiError as error:
+    except RequestFailed as error:  # refused, or never answered: the next pass decides afresh
         EVALUATIONS.labels("failed").inc()
         logger.warning(f"autoscaler pass of {namespace}/{name} failed: {error}")
         return RETRY_SECONDS
