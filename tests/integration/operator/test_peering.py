@@ -95,11 +95,12 @@ def test_a_replica_paused_for_a_higher_priority_one_stops_its_passes_and_resumes
         description="the only replica's resyncs and autoscaler passes",
     )
 
+    active_log = len(low.output())  # every replica starts paused until it has seen the peers
     high: OperatorProcess = start_operator([namespace], standalone=False, priority=20)
     wait_for(
         lambda: (
-            "Pausing operations in favour of" in low.output()
-            and "paused: no autoscaler pass or resync" in low.output()
+            "Pausing operations in favour of" in low.output()[active_log:]
+            and "paused: no autoscaler pass or resync" in low.output()[active_log:]
         ),
         timeout=60,
         description="the low replica paused, and its scheduler with it",
