@@ -119,7 +119,7 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         if request.trigger == "resync":
             logger.info("resynced %s/%s", namespace, name)
 
-    memo.workqueue = WorkQueue(reconcile, workers=RECONCILE_WORKERS)
+    memo.workqueue = WorkQueue(reconcile, workers=RECONCILE_WORKERS, paused=kopf_pause_state())
     memo.workqueue.start()
 
     async def resync(namespace: str, name: str) -> float:
