@@ -128,6 +128,8 @@ class Scheduler:
             loop.create_task(self._loop(), name="kiln-scheduler"),
             loop.create_task(self._watch_pausing(), name="kiln-scheduler-pausing"),
         ]
+        for task in self._tasks:
+            task.add_done_callback(_report_end)
 
     async def close(self) -> None:
         """Stop scheduling and cancel the passes in flight."""
@@ -214,6 +216,15 @@ class Scheduler:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _report_end(task: "asyncio.Task[None]") -> None:
+    """The scheduling tasks run until the operator stops: an end by an error is a bug, said
+    loudly (no pass or resync would run any more)."""
+    if not task.cancelled() and (error := task.exception()) is not None:
+        logger.error(
+            "%s ended: no more autoscaler passes or resyncs", task.get_name(), exc_info=error
+        )
 
 
 def _forget(job: Job, key: Key) -> None:

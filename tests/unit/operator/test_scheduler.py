@@ -3,19 +3,22 @@ passes of a job and service at once, nothing for an untracked service, and nothi
 pause state (here kopf's own ToggleSet, as `kopf_pause_state` returns it) is on."""
 
 import asyncio
+import contextlib
 import itertools
+import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import kopf
+import pytest
 from kopf._cogs.aiokits.aiotoggles import ToggleSet
 
 from kiln_operator import constants
 from kiln_operator.handlers import inferenceservice
 from kiln_operator.handlers.inferenceservice import RESYNC_SECONDS, _resync_phase
 from kiln_operator.k8s.cache import ObjectCache
-from kiln_operator.k8s.scheduler import Job, Scheduler
+from kiln_operator.k8s.scheduler import Job, Scheduler, _report_end
 from tests.unit.operator.test_child_events import NoOwnWrites, RecordingQueue
 
 # kopf types a decorated handler as its own callback protocol; called here as kopf would.
@@ -221,3 +224,17 @@ def test_first_resyncs_of_services_seen_together_spread_over_the_interval() -> N
     # 1,000 over 300 s: about 3.3 a second, nowhere a crowd
     assert max(per_second.values()) <= 12
     assert len(per_second) >= 0.9 * RESYNC_SECONDS
+
+
+async def test_a_scheduling_task_ended_by_an_error_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def broken() -> None:
+        raise RuntimeError("a bug")
+
+    task = asyncio.get_running_loop().create_task(broken(), name="kiln-scheduler")
+    with contextlib.suppress(RuntimeError):
+        await task
+    with caplog.at_level(logging.ERROR):
+        _report_end(task)
+    assert "kiln-scheduler ended: no more autoscaler passes or resyncs" in caplog.text
