@@ -20,11 +20,9 @@ _ = _Used()
 _.operator_startup
 _.operator_cleanup
 _.inferenceservice_event
-_.inferenceservice_resync
 _.child_changed
 _.autoscaler_startup
 _.autoscaler_cleanup
-_.inferenceservice_autoscaler
 _.warmup_gate_startup
 _.warmup_gate_cleanup
 _.pod_warmup_gate

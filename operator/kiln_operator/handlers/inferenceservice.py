@@ -2,17 +2,22 @@
 
 Level-based, as controller-runtime: every watch event of an InferenceService (the initial
 listing after a start included), every change to a child Deployment, Service or
-PodDisruptionBudget, and the periodic resync timer queue the same reconcile in a `WorkQueue`,
+PodDisruptionBudget, and the periodic resync queue the same reconcile in a `WorkQueue`,
 whose workers run it (a failed one again, with backoff). The handlers return at once, so kopf
 never holds a backlog of events. No create/update handlers: kopf would keep a copy of every
 spec in an annotation (a write per change, and a deep copy per event) to tell the two apart,
 and a level-based reconcile needs no such difference. Every watch event of these kinds also
 feeds the operator's ObjectCache, from which the reconcile loop, the autoscaler and the warm-up
-gate read. Settings (peering, posting) are set at start-up here too.
+gate read. The InferenceService events also keep the operator's `Scheduler` (`k8s.scheduler`)
+tracking every live service: it runs the resync here and the autoscaler's passes. Nothing
+here is a kopf daemon or timer, so kopf puts no finalizer on InferenceServices, and removes the
+one an earlier version's daemons left (`kopf.zalando.org/KopfFinalizerMarker`) at the first
+event of each. Settings (peering, posting) are set at start-up here too.
 """
 
 import logging
 import os
+import zlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,9 +28,10 @@ from kiln_operator.api.validation import DEFAULT_WARMUP_BUDGET_BYTES
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import KubeClient, load_configuration
 from kiln_operator.k8s.events import post_event
-from kiln_operator.k8s.peering import ensure_peering_object
+from kiln_operator.k8s.peering import ensure_peering_object, kopf_pause_state
 from kiln_operator.k8s.platform import PlatformObjects
 from kiln_operator.k8s.reconciler import ChildrenNotApplied, Outcome, Reconciler
+from kiln_operator.k8s.scheduler import Job, Scheduler
 from kiln_operator.k8s.workqueue import Request, WorkQueue
 
 
@@ -44,7 +50,10 @@ service's reconcile waits for its Service's cluster IP (seconds when many are al
 once), so this is wider than the API server's CPUs alone would need; the API connection pool
 matches it."""
 RESYNC_SECONDS = float(os.environ.get("KILN_RESYNC_SECONDS", "300"))
-"""How often every InferenceService is reconciled without a trigger (drift the watch missed)."""
+"""How often every InferenceService is reconciled without a trigger, from the API server (drift
+the watch missed). A service's first resync comes between half and one and a half of this after
+its first sighting, at a point its name fixes: services created (or listed) together resync
+spread over the whole interval, not in the same second."""
 PEERING_LIFETIME_SECONDS = int(os.environ.get("KILN_PEERING_LIFETIME_SECONDS", "60"))
 """How long a silent peer counts as alive: the failover time when the active replica dies."""
 WARMUP_BUDGET_BYTES = int(
@@ -130,8 +139,18 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         if request.trigger == "resync":
             logger.info("resynced %s/%s", namespace, name)
 
-    memo.workqueue = WorkQueue(reconcile, workers=RECONCILE_WORKERS)
+    memo.workqueue = WorkQueue(reconcile, workers=RECONCILE_WORKERS, paused=kopf_pause_state())
     memo.workqueue.start()
+
+    async def resync(namespace: str, name: str) -> float:
+        memo.workqueue.add(namespace, name, trigger="resync", fresh=True)
+        return RESYNC_SECONDS
+
+    scheduler = operator_scheduler(memo)
+    scheduler.add_job(
+        Job("resync", run=resync, first_delay=_resync_phase, retry_seconds=RESYNC_SECONDS)
+    )
+    scheduler.start()
     if not settings.peering.standalone:
         scopes: list[str | None] = list(memo.get("namespaces") or []) or [None]
         for scope in scopes:
@@ -141,9 +160,26 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
                 )
 
 
+def operator_scheduler(memo: Any) -> Scheduler:
+    """The operator's one Scheduler (made by the first startup handler that asks for it), which
+    acts only while kopf has not paused the operator."""
+    if memo.get("scheduler") is None:
+        memo.scheduler = Scheduler(kopf_pause_state())
+    scheduler: Scheduler = memo.scheduler
+    return scheduler
+
+
+def _resync_phase(namespace: str, name: str) -> float:
+    """Seconds from a service's first sighting to its first resync: RESYNC_SECONDS times a
+    fraction in [0.5, 1.5) that the name fixes (the same in every replica and restart)."""
+    fraction = zlib.crc32(f"{namespace}/{name}".encode()) / 2**32
+    return RESYNC_SECONDS * (0.5 + fraction)
+
+
 @kopf.on.cleanup()
 async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the reconcile workers, close the API connections."""
+    """Stop the scheduler and the reconcile workers, close the API connections."""
+    await memo.scheduler.close()
     await memo.workqueue.close()
     await memo.kube.close()
     await memo.reconcile_kube.close()
@@ -176,15 +212,17 @@ async def inferenceservice_event(
     memo: Any,
     **_: Any,
 ) -> None:
-    """Cache the newest copy and queue a reconcile, unless the event only echoes the reconcile
-    loop's or the autoscaler's own write (a listing after a start reads afresh: see
-    _queue_reconcile)."""
+    """Cache the newest copy, keep the scheduler tracking the service while it lives, and queue
+    a reconcile, unless the event only echoes the reconcile loop's or the autoscaler's own write
+    (a listing after a start reads afresh: see _queue_reconcile)."""
     memo.cache.observe(constants.PLURAL, type, body)
     ns = _namespaced(namespace)
     if type == "DELETED" or meta.get("deletionTimestamp"):
+        memo.scheduler.untrack(ns, name)  # no more autoscaler passes or resyncs
         memo.reconciler.forget(ns, name)  # the garbage collector removes the children
         memo.workqueue.forget(ns, name)
         return
+    memo.scheduler.track(ns, name)
     version = meta.get("resourceVersion")
     if type is not None and memo.reconciler.is_own_write(constants.PLURAL, ns, name, version):
         return
@@ -194,18 +232,6 @@ async def inferenceservice_event(
     if type is not None and autoscaler is not None and autoscaler.is_own_write(ns, name, version):
         return
     _queue_reconcile(memo, ns, name, type, trigger="spec")
-
-
-@kopf.timer(
-    constants.GROUP,
-    constants.VERSION,
-    constants.PLURAL,
-    interval=RESYNC_SECONDS,
-    initial_delay=RESYNC_SECONDS,
-)
-async def inferenceservice_resync(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    """Periodic resync from the API server: converged objects cause no writes."""
-    memo.workqueue.add(_namespaced(namespace), name, trigger="resync", fresh=True)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)

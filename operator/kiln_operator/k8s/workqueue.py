@@ -8,7 +8,10 @@ object's key here and return. A fixed number of workers take keys in arrival ord
 reconcile from the watch-fed cache; a key already waiting is not added twice (its reconcile
 will see the newest state anyway), and a key added while its reconcile runs is taken again
 after it. A failed reconcile is added again after an exponential backoff (1, 2, 4 ... s, at
-most `cap_seconds`), reset by the next success.
+most `cap_seconds`), reset by the next success. While kopf has paused the operator (`paused`:
+another replica is active) a key taken from the queue is dropped, not reconciled: the listing
+kopf's watches make when it resumes queues every existing object afresh. A reconcile already
+running when the pause comes finishes, as kopf's own handlers do.
 """
 
 import asyncio
@@ -17,6 +20,8 @@ import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
+
+from kiln_operator.k8s.scheduler import Pausing
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +51,10 @@ class WorkQueue:
         workers: int,
         base_seconds: float = 1.0,
         cap_seconds: float = 300.0,
+        paused: Pausing | None = None,
     ) -> None:
         self._work = work
+        self._paused = paused
         self._workers = workers
         self._base = base_seconds
         self._cap = cap_seconds
@@ -99,6 +106,9 @@ class WorkQueue:
             key = await self._queue.get()
             request = self._waiting.pop(key, None)
             if request is None:
+                continue
+            if self._paused is not None and self._paused.is_on():
+                self.forget(*key)  # another replica acts; the listing after the resume re-adds
                 continue
             self._active.add(key)
             try:

@@ -71,7 +71,8 @@ TARGET_RSS_MB = 300.0
 CREATE_CONCURRENCY = 64
 QUIET_SECONDS = 10.0
 RESYNC_SECONDS = 300.0
-"""The operator's default: no resync (which reads the API server) starts while converging."""
+"""The operator's default: a service's first resync (which reads the API server) comes 150 to
+450 s after it is first seen, so none starts while converging."""
 SCRAPE_SECONDS = 15.0
 """Prometheus' default scrape interval, and the autoscaler's default evaluation interval."""
 STEADY_SECONDS = 120.0
@@ -258,9 +259,7 @@ def convergence(cluster: Cluster, namespace: str, count: int) -> tuple[bool, boo
 
 def delete_namespace(cluster: Cluster, namespace: str) -> None:
     """Delete the bare client's namespace and wait until it is gone: the operator's run that
-    follows starts on an API server not busy deleting its objects. (An operator's namespace
-    stays Terminating once its operator is stopped: kopf's finalizers on the InferenceServices
-    wait for it. That takes no work from the API server.)"""
+    follows starts on an API server not busy deleting its objects."""
     cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
     wait_for(
         lambda: cluster.kubectl("get", "namespace", namespace, check=False).returncode != 0,
@@ -633,27 +632,39 @@ def autoscaler_report(results: list[dict[str, Any]]) -> list[str]:
         "Reading: the operator holds one grouped query per endpoint and window for all services "
         "(`autoscaling/signals.py`), so queries per cycle do not grow with services (before the "
         "fix that made the operator's Autoscaler one shared instance, the 100-service run "
-        "measured 96 per cycle: each service had its own client). Status and state are written "
+        "measured 96 per cycle: each service had its own client). A snapshot serves the passes "
+        "of half an interval, so when the services' passes are spread over the whole interval "
+        "(each service's phase is set by when it was first seen) an endpoint answers two "
+        "queries per cycle and window, never more. The passes run in one operator-wide "
+        "scheduler, at most 16 at once; the lag is how much later than due (its interval after "
+        "the start of the service's previous pass) each pass started. Status and state are written "
         "only on a change a reader acts on (`autoscaling/quiet.py`): a steady load writes "
         "nothing. RSS is the whole operator's: its watch cache of N InferenceServices, "
         "Deployments, Services and Pods and the reconcile loop included.",
         "",
-        "Where the memory goes (measured 2026-11-25 at 1,000 services with metrics flowing: "
-        "tracemalloc started before the services were created, and glibc's mallinfo2, in the "
-        "operator process): the libraries take about 93 MB of anonymous memory at import "
-        "(kopf with kubernetes_asyncio's models 75 MB of RSS, tritonclient and numpy for the "
-        "warm-up probe 33 MB). Of what the services added, the largest live parts were kopf's: "
-        "a parsed copy of each InferenceService as last seen, with its managedFields, kept for "
-        "its daemons (about 39 MB), and per object its memory, memo copy, and for each of the "
-        "two daemons per service (the autoscaler's loop, the resync timer) a task, logger and "
-        "stopper (about 15 MB); then the operator's ObjectCache (11 MB of compact JSON) and "
-        "146 open TLS connections with asyncio's 256 KiB read buffer each (18 MiB). Beyond the "
-        "live objects, glibc kept 100 to 120 MB freed but resident in its per-thread arenas. "
-        "Fixed: the operator runs with `MALLOC_ARENA_MAX=2` (the image's environment; the "
-        "freed-but-resident part fell to about 30 MB), its client for the autoscaler, the "
-        "warm-up gate and events keeps at most 16 connections (the reconcile loop's 64), and "
-        "kopf keeps no diff base (a deep copy of every event's body, for create/update "
-        "handlers the operator does not have).",
+        "Where the memory goes. Measured 2026-11-25 at 1,000 services with metrics flowing "
+        "(tracemalloc started before the services were created, and glibc's mallinfo2, in the "
+        "operator process), before the operator-wide scheduler: the libraries took about 93 MB "
+        "of anonymous memory at import (kopf with kubernetes_asyncio's models 75 MB of RSS, "
+        "tritonclient and numpy for the warm-up probe 33 MB). Of what the services added, the "
+        "largest live parts were kopf's: a parsed copy of each InferenceService as last seen, "
+        "with its managedFields, kept for its daemons (about 39 MB), and per object its memory, "
+        "memo copy, and for each of the two daemons per service (the autoscaler's loop, the "
+        "resync timer) a task, logger and stopper (about 15 MB); then the operator's "
+        "ObjectCache (11 MB of compact JSON) and 146 open TLS connections with asyncio's 256 "
+        "KiB read buffer each (18 MiB). Beyond the live objects, glibc kept 100 to 120 MB freed "
+        "but resident in its per-thread arenas. Fixed since: the operator runs with "
+        "`MALLOC_ARENA_MAX=2` (the image's environment; the freed-but-resident part fell to "
+        "about 30 MB), its client for the autoscaler, the warm-up gate and events keeps at most "
+        "16 connections (the reconcile loop's 64), kopf keeps no diff base (a deep copy of every "
+        "event's body, for create/update handlers the operator does not have), the autoscaler's "
+        "passes and the resync run in one operator-wide scheduler (`k8s/scheduler.py`: no kopf "
+        "daemon, timer, body copy or finalizer per service), and the warm-up probe's libraries "
+        "load at the first warm-up (importing every handler module: 138 MB of RSS before, 95 MB "
+        "after, with `MALLOC_ARENA_MAX=2`). Of those 95 MB: kopf 30 MB, kubernetes_asyncio's "
+        "client and its models 38 MB (imported by the operator's KubeClient for kubeconfig and "
+        "connections, and by kopf whenever it is installed), aiohttp 23 MB, pydantic with the "
+        "API models 11 MB.",
     ]
     if any(r["writes_sample"] for r in results):
         lines += ["", "Writes seen in the window (first ten per run):", ""]
@@ -678,7 +689,8 @@ def _latencies(result: dict[str, Any]) -> str:
     return f"{found.get('deployments', '-')} / {found.get('services', '-')}"
 
 
-def report(every: list[dict[str, Any]]) -> str:
+def report(every: list[dict[str, Any]], when: datetime | None = None) -> str:
+    """The page for these results, measured at `when` (default: now)."""
     results = [r for r in every if r.get("benchmark") != "autoscaler"]
     lines = [
         "# Operator benchmark",
@@ -686,7 +698,7 @@ def report(every: list[dict[str, Any]]) -> str:
         "Generated by `make bench-operator` (`tests/integration/operator/bench_operator.py`); raw "
         "numbers in `operator.json`. Do not edit by hand: re-run the benchmark.",
         "",
-        f"- When: {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- When: {(when or datetime.now(UTC)).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- Machine: {os.cpu_count()} CPUs ({platform.machine()}), shared by the local control "
         "plane (etcd, kube-apiserver, controller-manager, scheduler, kwok) and the operator",
         "- Cluster: the local control plane, 4 kwok GPU nodes x 8 GPUs",
@@ -704,10 +716,14 @@ def report(every: list[dict[str, Any]]) -> str:
         "- Peak RSS: the operator process's VmHWM. Operator CPU: its user+system time from the "
         "first POST until settled.",
         f"- Writes per resync: after {QUIET_SECONDS:.0f} s without any reconcile write, every "
-        "object is reconciled once more by the resync timer (from the API server, not the "
+        "object is reconciled once more by the periodic resync (from the API server, not the "
         "cache); counted are the writes those reconciles made (the operator tags each write it "
         "logs with its trigger) and every write of the operator process in the API server's "
-        "audit log meanwhile (the autoscaler's included).",
+        "audit log meanwhile (the autoscaler's included: a service whose Deployment its first "
+        "pass did not yet see writes MetricsAvailable at its next pass, 15 s later, which can "
+        "fall in this window). The first resync of a service comes 0.5 to 1.5 resync intervals "
+        "after it was first seen, fixed by its name, so the resync of N services created at "
+        "once is spread over a whole interval.",
         "- API create p50: the API server's median time to answer the operator's creates "
         "(audit log): Deployment / Service. A Service waits for its cluster IP.",
         "",
@@ -796,12 +812,18 @@ def report(every: list[dict[str, Any]]) -> str:
         "requests with the same concurrency and no operator, measures that bound in the same "
         "run.",
         "- What the operator adds to the bare client's requests in the same seconds (the writes "
-        "listed above): a second status write per service once its Deployment reports; kopf's "
-        "finalizer on each InferenceService (`kopf patch inferenceservices`: kopf puts one on "
-        "every object that has a daemon or a timer, here the autoscaler's loop and the resync "
-        "timer); the autoscaler's first status write (MetricsAvailable); and its own CPU "
-        "(`operator CPU`: mostly kopf parsing the watch events of four kinds) on the same two "
-        "cores.",
+        "listed above): a second status write per service once its Deployment reports; the "
+        "autoscaler's first status write (MetricsAvailable); and its own CPU (`operator CPU`: "
+        "mostly kopf parsing the watch events of four kinds) on the same two cores. kopf "
+        "writes nothing: the autoscaler's passes and the resync run in the operator's own "
+        "scheduler (`k8s/scheduler.py`), not as a kopf daemon and timer per service, so kopf "
+        "puts no finalizer on the InferenceServices (before, `kopf patch inferenceservices`: "
+        "1,000 more writes while creating 1,000; with the daemons, the run of 2026-11-25 "
+        "measured 35.1 s of operator CPU and 100.0 s until written at 1,000). What remains "
+        "above the bare client's requests is, per service, the reconcile loop's second status "
+        "write and the autoscaler's first one: 2,000 writes more at 1,000 services, on the "
+        "same two cores as the API server, etcd and the controller-manager, whose work on "
+        "Deployments and ReplicaSets grows with them.",
         "- The local cluster already allocates cluster IPs without the legacy bitmap "
         "(`DisableAllocatorDualWrite`) and without the ServiceCIDR controller, which rewrote "
         "the ServiceCIDR's status per allocated IP.",
@@ -830,7 +852,19 @@ def main(argv: list[str] | None = None) -> int:
         help="run only the reconcile loop's handlers (no autoscaler, no warm-up gate)",
     )
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "operator.md")
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="measure nothing: write the page again from the last run's raw numbers (the "
+        ".json beside --out, which the run wrote at its end) with the page's current prose",
+    )
     args = parser.parse_args(argv)
+    json_path = args.out.with_suffix(".json")
+    if args.render_only:
+        written = datetime.fromtimestamp(json_path.stat().st_mtime, UTC)
+        write_page(args.out, report(json.loads(json_path.read_text()), when=written))
+        print(f"wrote {args.out} from {json_path}")
+        return 0
     local = LocalCluster(REPO / ".kiln")
     info = local.info() or local.up()
     cluster = Cluster(info)
@@ -852,7 +886,6 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result), flush=True)
         results.append(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    json_path = args.out.with_suffix(".json")
     earlier = json.loads(json_path.read_text()) if json_path.exists() else []
     merged = [r for r in earlier if _key(r) not in {_key(n) for n in results}] + results
     write_page(args.out, report(merged))  # keeps the warm-up memory section

@@ -9,12 +9,14 @@ from typing import Any, cast
 
 import kopf
 import pytest
+from kopf._cogs.aiokits.aiotoggles import ToggleSet
 
 from kiln_operator import constants
 from kiln_operator.handlers import inferenceservice
 from kiln_operator.k8s.autoscaler import OWN_VERSIONS_KEPT, Autoscaler
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.resources import Resource
+from kiln_operator.k8s.scheduler import Scheduler
 from tests.unit.operator.conftest import load_sample
 from tests.unit.operator.test_child_events import NoOwnWrites, RecordingQueue
 
@@ -104,13 +106,16 @@ async def test_the_echo_of_its_own_write_queues_no_reconcile(
     body = service()
     body["metadata"]["resourceVersion"] = kube.versions[-1] if own else "99"
     queue = RecordingQueue()
+    scheduler = Scheduler(ToggleSet(any))
     memo = kopf.Memo(
         cache=ObjectCache(),
         reconciler=NoOwnWrites(),
         workqueue=queue,
+        scheduler=scheduler,
         shared_autoscaler={"autoscaler": autoscaler},
     )
     await inferenceservice_event(
         type=event, body=body, namespace="ns", name="mlp", meta=body["metadata"], memo=memo
     )
     assert queue.added == queued
+    assert len(scheduler) == 1  # an echo too: every event of a live service keeps it tracked

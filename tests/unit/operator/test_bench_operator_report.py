@@ -2,6 +2,7 @@
 1,000 services written within 60 s, or within 1.1x of a bare client making the same requests
 in the same run (where the API server's creates are the bound)."""
 
+from datetime import UTC, datetime
 from typing import Any
 
 from tests.integration.operator.bench_operator import report
@@ -43,3 +44,10 @@ def test_over_the_bare_clients_bound_is_missed() -> None:
 
     assert "1.41x the bare client's 85.0 s: **missed**" in page
     assert "kiln-operator/reconcile create services: 1000" in page
+
+
+def test_a_page_rendered_again_from_a_runs_numbers_says_when_they_were_measured() -> None:
+    measured = datetime(2026, 11, 26, 5, 6, tzinfo=UTC)
+    page = report([converge_run(written=62.6, bare_written=47.2)], when=measured)
+
+    assert "- When: 2026-11-26 05:06 UTC" in page

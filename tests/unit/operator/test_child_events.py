@@ -29,10 +29,16 @@ class RecordingQueue:
     def add(self, namespace: str, name: str, *, trigger: str, fresh: bool = False) -> None:
         self.added.append((namespace, name, trigger, fresh))
 
+    def forget(self, namespace: str, name: str) -> None:
+        self.added = [entry for entry in self.added if entry[:2] != (namespace, name)]
+
 
 class NoOwnWrites:
     def is_own_write(self, plural: str, namespace: str, name: str, version: Any) -> bool:
         return False
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Nothing kept."""
 
 
 def deployment() -> dict[str, Any]:

@@ -3,6 +3,8 @@ added during its reconcile runs again after it, failures retried with backoff.""
 
 import asyncio
 
+from kopf._cogs.aiokits.aiotoggles import ToggleSet
+
 from kiln_operator.k8s.workqueue import Request, WorkQueue
 
 
@@ -90,4 +92,26 @@ async def test_forget_drops_a_pending_retry() -> None:
     queue.forget("ns", "a")  # deleted meanwhile
     await settle(0.15)
     assert attempts == ["spec"]
+    await queue.close()
+
+
+async def test_a_paused_operator_drops_the_keys_it_takes_and_reconciles_once_resumed() -> None:
+    seen: list[str] = []
+
+    async def work(namespace: str, name: str, request: Request) -> None:
+        seen.append(name)
+
+    paused = ToggleSet(any)
+    peering = await paused.make_toggle(True, name="another replica is active")
+    queue = WorkQueue(work, workers=2, paused=paused)
+    queue.start()
+    queue.add("ns", "a", trigger="spec")  # queued before the pause took effect, or sneaking in
+    await settle()
+    assert seen == []
+    assert len(queue) == 0  # dropped, not kept for later
+
+    await peering.turn_to(False)
+    queue.add("ns", "a", trigger="listing", fresh=True)  # the listing after the resume
+    await settle()
+    assert seen == ["a"]
     await queue.close()
