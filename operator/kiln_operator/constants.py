@@ -65,6 +65,9 @@ default), a GPU pod's runtime demands CUDA and fails at start-up on a node witho
 # --- pod readiness gate (issue 5's warm-up gate sets it) ----------------------------------------
 CONDITION_WARMED_UP: Final = f"{GROUP}/warmed-up"
 """Pod condition the warm-up gate sets True once the pod met its warm-up p99 bound."""
+ANNOTATION_GATE_REOPENED: Final = f"{GROUP}/warm-up-reopened-at"
+"""When the gate was closed again because the runtime container restarted. Written to make the
+kubelet read the pod afresh (see handlers/warmup_gate.py)."""
 
 # --- validating admission webhook (handlers/admission.py; the chart's webhook configuration) --
 ENV_WEBHOOK_PORT: Final = "KILN_WEBHOOK_PORT"

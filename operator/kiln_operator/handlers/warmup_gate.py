@@ -126,13 +126,19 @@ async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> No
         return
     if uid not in tasks and verdict_outlived_its_container(pod):
         # Before the restarted container turns ready: the old verdict must not admit it.
+        namespace, name, now = pod["metadata"]["namespace"], pod["metadata"]["name"], _now()
         patch = condition_patch(
-            False, warmup.REASON_WARMING, "the runtime container restarted: warming up again",
-            _now(),
-        )  # fmt: skip
-        await memo.kube.strategic_patch_status(PODS, pod["metadata"]["namespace"],
-                                               pod["metadata"]["name"], patch)  # fmt: skip
-        return  # the patch comes back as an event; needs_warmup takes it from there
+            False, warmup.REASON_WARMING, "the runtime container restarted: warming up again", now
+        )
+        await memo.kube.strategic_patch_status(PODS, namespace, name, patch)
+        # The kubelet computes Ready, when the restarted container's readiness probe passes,
+        # from its own cached copy of the pod's conditions, and a status-only change does not
+        # refresh that copy: it would admit the pod on the old verdict (seen on the real node:
+        # Ready 0.1 s before the new verdict). A change of the pod's metadata makes the kubelet
+        # sync the pod and read the closed gate.
+        reopened = {constants.ANNOTATION_GATE_REOPENED: now.isoformat(timespec="seconds")}
+        await memo.kube.merge_patch(PODS, namespace, name, {"metadata": {"annotations": reopened}})
+        return  # the patches come back as events; needs_warmup takes it from there
     if uid in tasks or not needs_warmup(pod):
         return
     task = asyncio.create_task(
