@@ -133,11 +133,7 @@ class Scheduler:
 
     async def close(self) -> None:
         """Stop scheduling and cancel the passes in flight."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
         await self._cancel_passes()
 
@@ -212,10 +208,14 @@ class Scheduler:
         logger.info("resumed: services are tracked again as the watches list them")
 
     async def _cancel_passes(self) -> None:
-        tasks = list(self._running.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._running.values()))
+
+
+async def cancel_and_wait(tasks: "list[asyncio.Task[None]]") -> None:
+    """Cancel the tasks and wait until every one has ended (an error of one is its own to log)."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _report_end(task: "asyncio.Task[None]") -> None:

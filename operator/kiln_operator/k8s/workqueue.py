@@ -15,13 +15,12 @@ running when the pause comes finishes, as kopf's own handlers do.
 """
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from kiln_operator.k8s.scheduler import Pausing
+from kiln_operator.k8s.scheduler import Pausing, cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -145,11 +144,7 @@ class WorkQueue:
         for handle in self._delayed.values():
             handle.cancel()
         self._delayed.clear()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
 
 
