@@ -53,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    if not args.verbose:
+        # kopf logs "Handler ... succeeded" for every watch event it hands a handler: tens of
+        # thousands of lines while 1,000 services are created, a few percent of the operator's
+        # CPU, and nothing a reader acts on. Its warnings and errors still show.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     from kiln_operator.handlers import (  # noqa: F401  (importing registers the handlers)
         autoscaler,
         inferenceservice,

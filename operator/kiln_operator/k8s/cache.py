@@ -9,6 +9,8 @@ take the newest copy from memory.
 
 Objects are kept as compact JSON without managedFields (a parsed Deployment takes about ten
 times its JSON in memory); each read parses a private copy, so no reader can change the cache.
+The JSON is orjson's: with 1,000 new services the standard library's encoding and parsing here
+took a twentieth of the operator's CPU (py-spy), several times orjson's.
 A newer copy never gives way to an older one: watch events can arrive after the response to
 the write that caused them.
 
@@ -16,9 +18,10 @@ Absent from the cache means "not seen", not "does not exist": readers that must 
 to the API server.
 """
 
-import json
 from collections.abc import Mapping
 from typing import Any
+
+import orjson
 
 from kiln_operator import constants
 from kiln_operator.builders.naming import Manifest
@@ -44,6 +47,13 @@ def _slim(plural: str, body: Mapping[str, Any]) -> Manifest:
     return slim
 
 
+def _plain(value: Any) -> Any:
+    """What orjson cannot encode itself: kopf's read-only mappings of a watch event's body."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
 class ObjectCache:
     """The newest copy of each object seen, by plural, namespace and name; pods also by the
     InferenceService they serve."""
@@ -67,7 +77,7 @@ class ObjectCache:
         held = self._objects.get(key)
         if held is not None and held[0] is not None and version is not None and version < held[0]:
             return
-        encoded = json.dumps(_slim(plural, body), separators=(",", ":")).encode()
+        encoded = orjson.dumps(_slim(plural, body), default=_plain)
         self._objects[key] = (version, encoded)
         if plural == "pods":
             service = (meta.get("labels") or {}).get(constants.LABEL_INFERENCESERVICE)
@@ -98,7 +108,7 @@ class ObjectCache:
         held = self._objects.get((plural, namespace, name))
         if held is None:
             return None
-        parsed: Manifest = json.loads(held[1])
+        parsed: Manifest = orjson.loads(held[1])
         return parsed
 
     def names(self, plural: str, namespace: str | None = None) -> list[tuple[str, str]]:

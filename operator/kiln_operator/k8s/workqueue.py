@@ -4,17 +4,23 @@ Why it exists: watch events only say *which* object to look at. A handler that r
 inline would hold kopf's per-object worker, and every event arriving meanwhile (each a full
 object body) would wait in kopf's queue: with 1000 services created at once that backlog, not
 the work, is what fills memory and delays the status writes. Handlers therefore only add the
-object's key here and return. A fixed number of workers take keys in arrival order and
-reconcile from the watch-fed cache; a key already waiting is not added twice (its reconcile
+object's key here and return. A fixed number of workers take keys in order (priority, then arrival)
+and reconcile from the watch-fed cache; a key already waiting is not added twice (its reconcile
 will see the newest state anyway), and a key added while its reconcile runs is taken again
-after it. A failed reconcile is added again after an exponential backoff (1, 2, 4 ... s, at
-most `cap_seconds`), reset by the next success. While kopf has paused the operator (`paused`:
+after it. Keys come in two priorities, as in controller-runtime's priority queue: a change of an
+InferenceService itself (a new service, a new spec) and a retry go before the rest (a child's
+status moving on, the periodic resync, the listing after a start), so a burst of new services
+gets its children and first status without waiting behind the status refreshes of the
+services created just before it; a waiting key is promoted when an urgent trigger comes. A
+failed reconcile is added again after an exponential backoff (1, 2, 4 ... s, at most
+`cap_seconds`), reset by the next success. While kopf has paused the operator (`paused`:
 another replica is active) a key taken from the queue is dropped, not reconciled: the listing
 kopf's watches make when it resumes queues every existing object afresh. A reconcile already
 running when the pause comes finishes, as kopf's own handlers do.
 """
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -28,12 +34,19 @@ Key = tuple[str, str]
 """(namespace, name)."""
 
 
+URGENT_TRIGGERS = frozenset({"spec", "retry"})
+"""Triggers taken before the others: the object itself changed, or its reconcile failed."""
+
+
 @dataclass
 class Request:
-    """Why a key is queued: the first trigger's name, and whether any asked for a fresh read."""
+    """Why a key is queued: the first trigger's name (or the urgent one's that promoted it), and
+    whether any asked for a fresh read."""
 
     trigger: str
     fresh: bool
+    urgent: bool = False
+    """Whether any of its triggers was urgent (URGENT_TRIGGERS)."""
 
 
 Work = Callable[[str, str, Request], Coroutine[Any, Any, None]]
@@ -57,7 +70,8 @@ class WorkQueue:
         self._workers = workers
         self._base = base_seconds
         self._cap = cap_seconds
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._queue: asyncio.PriorityQueue[tuple[int, int, Key]] = asyncio.PriorityQueue()
+        self._order = itertools.count()
         self._waiting: dict[Key, Request] = {}
         self._active: set[Key] = set()
         self._again: dict[Key, Request] = {}
@@ -85,9 +99,11 @@ class WorkQueue:
             self._again[key] = _merged(pending, trigger, fresh)
             return
         waiting = self._waiting.get(key)
-        self._waiting[key] = _merged(waiting, trigger, fresh)
-        if waiting is None:
-            self._queue.put_nowait(key)
+        merged = _merged(waiting, trigger, fresh)
+        self._waiting[key] = merged
+        if waiting is None or (merged.urgent and not waiting.urgent):
+            # a promoted key is queued again ahead; its older entry then finds it taken
+            self._queue.put_nowait((0 if merged.urgent else 1, next(self._order), key))
 
     def forget(self, namespace: str, name: str) -> None:
         """The object is gone: drop its backoff and any delayed retry."""
@@ -102,7 +118,7 @@ class WorkQueue:
 
     async def _worker(self) -> None:
         while True:
-            key = await self._queue.get()
+            _, _, key = await self._queue.get()
             request = self._waiting.pop(key, None)
             if request is None:
                 continue
@@ -149,8 +165,9 @@ class WorkQueue:
 
 
 def _merged(pending: Request | None, trigger: str, fresh: bool) -> Request:
+    urgent = trigger in URGENT_TRIGGERS
     if pending is None:
-        return Request(trigger, fresh)
-    if fresh and not pending.fresh:
-        return Request(trigger, True)
+        return Request(trigger, fresh, urgent)
+    if (fresh and not pending.fresh) or (urgent and not pending.urgent):
+        return Request(trigger, fresh or pending.fresh, urgent or pending.urgent)
     return pending

@@ -1,6 +1,9 @@
 """The watch-fed object cache: newest copy wins, private copies, pods found by their service."""
 
-from typing import Any
+from types import MappingProxyType
+from typing import Any, cast
+
+import kopf
 
 from kiln_operator import constants
 from kiln_operator.k8s.cache import ObjectCache
@@ -80,3 +83,20 @@ def test_pods_are_found_by_their_service_and_keep_only_what_is_read() -> None:
     assert [p["metadata"]["name"] for p in cache.pods_of("ns", "mlp")] == ["p2"]
     cache.observe("pods", "DELETED", pod("p2", "mlp", "3"))
     assert cache.pods_of("ns", "mlp") == []
+
+
+def test_a_watch_event_body_as_kopf_delivers_it_is_stored() -> None:
+    """kopf hands handlers read-only mappings, not dicts; the cache keeps their contents."""
+    cache = ObjectCache()
+    raw = obj("a", "3", labels=MappingProxyType({"app": "mlp"}))
+    cache.observe("deployments", "ADDED", kopf.Body(cast(kopf.RawBody, raw)))
+    held = cache.get("deployments", "ns", "a")
+    assert held == {
+        "metadata": {
+            "name": "a",
+            "namespace": "ns",
+            "resourceVersion": "3",
+            "labels": {"app": "mlp"},
+        },
+        "spec": {"replicas": 3},
+    }

@@ -26,7 +26,27 @@ async def test_a_key_waiting_is_not_queued_twice_and_fresh_reads_are_kept() -> N
     assert len(queue) == 2
     queue.start()
     await settle()
-    assert seen == [("a", Request("resync", True)), ("b", Request("child", False))]
+    assert seen == [("a", Request("resync", True, urgent=True)), ("b", Request("child", False))]
+    await queue.close()
+
+
+async def test_a_change_of_the_service_itself_goes_before_child_refreshes_and_resyncs() -> None:
+    seen: list[str] = []
+
+    async def work(namespace: str, name: str, request: Request) -> None:
+        seen.append(f"{name}:{request.trigger}")
+
+    queue = WorkQueue(work, workers=1)
+    queue.add("ns", "old-1", trigger="child")
+    queue.add("ns", "old-2", trigger="resync", fresh=True)
+    queue.add("ns", "new-1", trigger="spec")
+    queue.add("ns", "old-3", trigger="listing", fresh=True)
+    queue.add("ns", "old-1", trigger="child")  # still waits behind the urgent keys
+    queue.add("ns", "new-2", trigger="spec")
+    queue.add("ns", "old-3", trigger="spec")  # promoted, after the urgent keys before it
+    queue.start()
+    await settle()
+    assert seen == ["new-1:spec", "new-2:spec", "old-3:spec", "old-1:child", "old-2:resync"]
     await queue.close()
 
 
