@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 import yaml
+from tritonclient.utils import InferenceServerException
 
 from kiln_localcluster.cluster import kubectl
 from kiln_localcluster.waiting import wait_for
@@ -56,6 +58,8 @@ class Variant:
     """Through a headless Service with `round_robin`, instead of the Service's cluster IP."""
     windows: list[dict[str, float]] = field(default_factory=list)
     errors: int = 0
+    error_kinds: Counter[str] = field(default_factory=Counter)
+    """Failed calls by what the client said (gRPC status and the start of its message)."""
     calls: int = 0
     dns_queries: int = 0
 
@@ -159,12 +163,20 @@ def load(
                 client.infer("pin", [tensor], client_timeout=5.0)
                 with lock:
                     variant.calls += 1
-            except Exception:
+            except Exception as error:
                 with lock:
                     variant.errors += 1
+                    variant.error_kinds[failure_kind(error)] += 1
             time.sleep(CALL_GAP_SECONDS)
     finally:
         client.close()
+
+
+def failure_kind(error: Exception) -> str:
+    """A failed call's kind: tritonclient's gRPC status and the start of its message."""
+    if isinstance(error, InferenceServerException):
+        return f"{error.status()}: {(error.message() or '')[:80]}"
+    return f"{type(error).__name__}: {str(error)[:80]}"
 
 
 def ready_pods(cluster: Any, namespace: str) -> int:
@@ -270,6 +282,11 @@ def report(variants: list[Variant], started: datetime.datetime) -> str:
             "",
             f"Calls answered {variant.calls}, failed {variant.errors}.{resolved}",
             "",
+            *(
+                f"- failed: {count} x `{kind}`"
+                for kind, count in variant.error_kinds.most_common(5)
+            ),
+            *([""] if variant.error_kinds else []),
             "| window (s after 3 ready) | shares per pod | largest deviation from 33 % |",
             "|---|---|---:|",
         ]
