@@ -259,7 +259,6 @@ def test_a_tightened_policy_freezes_a_live_service_and_deletes_nothing(
     assert rolled["metadata"]["generation"] > before["metadata"]["generation"]
 
 
-@pytest.mark.usefixtures("pod_network")
 def test_a_changed_platform_default_rolls_its_services_which_stay_served(
     cluster: Cluster, namespace: str, models_claim: str, operator: Any
 ) -> None:

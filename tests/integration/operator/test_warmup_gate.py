@@ -1,8 +1,8 @@
 """The warm-up gate end to end: operator, real control plane, real runtimes at the pod IPs.
 
-The pod runner (kiln_localcluster) starts kiln_runtime for each Kiln pod inside a network
-namespace holding the pod's IP, so the operator's warm-up requests and the Service's endpoints
-are real.
+Each Kiln pod runs Kiln's runtime image under the local cluster's real node (kubelet,
+containerd, a CNI bridge), so the operator's warm-up requests, the pod's readiness and the
+Service's endpoints are real.
 """
 
 import json
@@ -15,10 +15,7 @@ from kiln_localcluster.waiting import wait_for
 from tests.integration.conftest import Cluster
 from tests.integration.operator.conftest import apply, condition, mlp_service, wait_condition
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.usefixtures("pod_network"),
-]
+pytestmark = pytest.mark.integration
 
 GATE = "serving.kiln.dev/warmed-up"
 
