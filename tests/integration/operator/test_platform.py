@@ -24,6 +24,7 @@ from tests.integration.operator.conftest import (
     wait_condition,
 )
 from tests.integration.operator.test_warmup_gate import endpoint_ips, pods, wait_gate
+from tests.sessioncluster import FAKE_NODES
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +58,13 @@ def cluster_profile(cluster: Cluster, namespace: str) -> Iterator[str]:
                         "image": "kiln/runtime:dev",
                         "batching": {"maxBatchSize": 16, "maxQueueSize": 128},
                     },
-                    "resources": {"gpuCount": 1, "cpu": "1", "memory": "2Gi"},
+                    # on kwok's fake GPU nodes: these services' pods run no container
+                    "resources": {
+                        "gpuCount": 1,
+                        "cpu": "1",
+                        "memory": "2Gi",
+                        "nodeSelector": FAKE_NODES,
+                    },
                     "slo": {"p99LatencyMilliseconds": 100},
                     "warmup": {"requests": 0},
                     "autoscaling": {"maxReplicas": 4},
