@@ -9,7 +9,7 @@ tests resolve them the same way. Without Go or the proxy a developer's run skips
 import subprocess
 from pathlib import Path
 
-from tests.integration.conftest import REPO, missing_component
+from tests.sessioncluster import REPO, missing_component
 
 BUILD = REPO / "e2e" / "gotools" / "build.sh"
 BUILD_TIMEOUT_SECONDS = 3000

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from kiln_localcluster.cluster import ClusterOptions, LocalCluster
 from kiln_localcluster.node import NODE_IP, NODE_NAME
-from kiln_localcluster.podrunner import run_forever
 from kiln_localcluster.targets import publish_forever, targets_file
 from kiln_localcluster.volumes import provision_claim
 
@@ -19,7 +18,6 @@ def main(argv: list[str] | None = None) -> int:
             "up",
             "down",
             "status",
-            "run-pods",
             "provide-claim",
             "import-image",
             "publish-targets",
@@ -87,12 +85,6 @@ def main(argv: list[str] | None = None) -> int:
         from kiln_localcluster.objectstore import serve_bucket  # boto3: only for this command
 
         return serve_bucket(args.dir, args.upload, args.bucket, NODE_IP, args.info)
-    elif args.command == "run-pods":
-        info = cluster.recorded_info()
-        if info is None:
-            print("local cluster is not running", file=sys.stderr)
-            return 1
-        run_forever(cluster.api_reader(info.server), cluster.network, cluster.dir)
     else:
         if (info := cluster.info()) is None:
             print("local cluster is not running", file=sys.stderr)

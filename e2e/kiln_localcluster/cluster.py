@@ -1,7 +1,7 @@
 """Bring the local cluster up and down, and say where a running one is.
 
 Why it exists: one place knows the order in which the cluster starts (certificates, etcd, the
-API server, the other components, the pod runner, Prometheus, the nodes) and what "up" means:
+API server, the other components, Prometheus, the nodes) and what "up" means:
 every node Ready and the default service account there. The components' flags are in
 ``controlplane``, their credentials in ``pki`` and ``kubeconfig``. ``up`` is idempotent: a
 healthy cluster is reused; anything else recorded is stopped first, and a failed start stops
@@ -26,9 +26,8 @@ from kiln_localcluster import controlplane, node, pki, podnet, prometheus
 from kiln_localcluster.controlplane import SERVICE_CIDR
 from kiln_localcluster.kubeconfig import admin_ssl_context, write_kubeconfig
 from kiln_localcluster.nodes import build_gpu_node
-from kiln_localcluster.podrunner import ApiReader
 from kiln_localcluster.processes import ProcessTable, free_ports, is_running, spawn, wait_started
-from kiln_localcluster.targets import targets_file
+from kiln_localcluster.targets import ApiReader, targets_file
 from kiln_localcluster.waiting import http_ok, wait_for
 
 BINARIES_SCRIPT = Path(__file__).resolve().parent.parent / "cluster" / "binaries.sh"
@@ -69,9 +68,7 @@ class LocalCluster:
         self.dir = state_dir / "cluster"
         self.kubeconfig = state_dir / "kubeconfig"
         self._info_path = self.dir / "cluster.json"
-        self.network = podnet.PodNetwork(
-            pod_cidr=f"{self.options.pod_cidr_prefix}.0.0/16", service_cidr=SERVICE_CIDR
-        )
+        self._isolated_path = self.dir / "isolated-ranges.json"
         self.node_paths = node.NodePaths(cluster_dir=self.dir, state_dir=state_dir)
 
     # ------------------------------------------------------------------ queries
@@ -85,7 +82,7 @@ class LocalCluster:
             return None
         return info if self._api_ready(info.server) else None
 
-    def _node_running(self) -> bool:
+    def node_running(self) -> bool:
         """Whether this cluster's real node (containerd, kubelet, kube-proxy) runs."""
         if not self.node_paths.processes.exists():
             return False
@@ -101,7 +98,7 @@ class LocalCluster:
     def _ssl_context(self) -> ssl.SSLContext:
         return admin_ssl_context(pki.Pki(self.dir / "pki"))
 
-    def api_reader(self, server: str) -> "ApiReader":
+    def api_reader(self, server: str) -> ApiReader:
         return ApiReader(server, self._ssl_context())
 
     def _api_ready(self, server: str) -> bool:
@@ -117,7 +114,7 @@ class LocalCluster:
     def up(self) -> ClusterInfo:
         """Start the cluster (or reuse a healthy one) and wait until every node is Ready."""
         running = self.info()
-        if running is not None and (not self.options.real_node or self._node_running()):
+        if running is not None and (not self.options.real_node or self.node_running()):
             _say(f"local cluster already up at {running.server}")
             return running
         if running is not None:
@@ -131,6 +128,7 @@ class LocalCluster:
         except BaseException:
             _say("start failed: stopping what was started")
             table.stop_all()
+            self._release_ranges()
             raise
         _say(f"local cluster up in {time.monotonic() - started:.1f}s at {info.server}")
         return info
@@ -138,22 +136,11 @@ class LocalCluster:
     def down(self) -> None:
         """Stop exactly the processes this cluster started (by PID) and forget its state."""
         table_path = self.dir / "processes.json"
-        ran_pods = False
         if self.node_paths.processes.exists():
             node.teardown(self.node_paths, resolve_binaries("node"))
         if table_path.exists():
-            table = ProcessTable(table_path)
-            ran_pods = any(p.name == "pod-runner" for p in table.processes)
-            table.stop_all()
-        # Pods whose runner was killed before it could stop them: their processes and namespaces.
-        pods_path = self.dir / "pods.json"
-        if pods_path.exists():
-            leftovers = ProcessTable(pods_path)
-            for process in leftovers.processes:
-                podnet.detach(process.name.split(":")[1])
-            leftovers.stop_all()
-        if ran_pods:  # the bridge is machine-wide: only the cluster that made it removes it
-            podnet.remove_bridge(self.network)
+            ProcessTable(table_path).stop_all()
+        self._release_ranges()
         if self.dir.exists():
             shutil.rmtree(self.dir)
         self.kubeconfig.unlink(missing_ok=True)
@@ -244,18 +231,32 @@ class LocalCluster:
         self._info_path.write_text(json.dumps(asdict(info), indent=2))
         return info, material
 
+    def _isolate_ranges(self) -> None:
+        """Keep the addresses nothing answers at on this machine (``podnet``): the fake GPU
+        nodes' pod range and, without the real node, the service range. The ranges are recorded
+        so that only this cluster removes its routes."""
+        ranges = [f"{self.options.pod_cidr_prefix}.0.0/16"] if self.options.nodes else []
+        if not self.options.real_node:  # the real node routes it onto its bridge (kube-proxy)
+            ranges.append(SERVICE_CIDR)
+        if not ranges:
+            return
+        if (reason := podnet.available()) is not None:
+            _say(f"{' and '.join(ranges)} left unrouted: {reason}")
+            return
+        self._isolated_path.write_text(json.dumps(ranges))
+        podnet.isolate(ranges)
+
+    def _release_ranges(self) -> None:
+        if self._isolated_path.exists():
+            podnet.release(json.loads(self._isolated_path.read_text()))
+            self._isolated_path.unlink()
+
     def _start_local_services(self, info: ClusterInfo, table: ProcessTable) -> ClusterInfo:
-        """The processes beside the control plane, each where this machine allows it: the pod
-        runner (real processes for the fake nodes' pods), Prometheus, and with a real node the
-        publisher of its scrape targets."""
+        """The processes beside the control plane, each where this machine allows it:
+        Prometheus, and with a real node the publisher of its scrape targets; and the routes
+        that keep unanswered addresses on this machine."""
         logs = self.dir / "logs"
-        if self.options.nodes == 0:
-            _say("no fake GPU nodes: no pod runner")
-        elif (reason := podnet.available()) is None:
-            podnet.create_bridge(self.network)
-            table.add(spawn("pod-runner", self._own_command("run-pods"), logs / "pod-runner.log"))
-        else:
-            _say(f"no pod runner: {reason}; pods will not run real processes")
+        self._isolate_ranges()
         if (missing := prometheus.available()) is None:
             _say("starting prometheus")
             monitor = prometheus.start_prometheus(targets_file(self.dir), self.dir / "prometheus")

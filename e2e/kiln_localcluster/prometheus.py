@@ -22,7 +22,8 @@ from kiln_localcluster.waiting import http_ok
 
 
 def scrape_config(targets_file: Path, interval_seconds: float) -> dict[str, Any]:
-    """Prometheus configuration: the pod runner's targets, scraped every ``interval_seconds``."""
+    """Prometheus configuration: the real node's Kiln pods (``targets``), scraped every
+    ``interval_seconds``."""
     interval = f"{round(interval_seconds * 1000)}ms"
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},

@@ -2,14 +2,17 @@
 
 Why it exists: Debian's Prometheus is built without Kubernetes service discovery, so the local
 cluster publishes the pods' metrics endpoints itself, labelled as Kubernetes pod discovery would
-label them. The pod runner publishes the pods it runs; on the real node a small loop publishes
-the Kiln pods the kubelet runs.
+label them: a small loop publishes the Kiln pods the real node's kubelet runs (the fake GPU
+nodes run no container, so they have nothing to scrape).
 """
 
 import json
 import signal
+import ssl
 import sys
 import threading
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +24,21 @@ Pod = dict[str, Any]
 
 class Api(Protocol):
     def get(self, path: str, **query: str) -> Any: ...
+
+
+class ApiReader:
+    """Read-only GETs against the local API server with the admin identity."""
+
+    def __init__(self, server: str, context: ssl.SSLContext) -> None:
+        self.server = server
+        self.context = context
+
+    def get(self, path: str, **query: str) -> Any:
+        url = f"{self.server}{path}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        with urllib.request.urlopen(url, context=self.context, timeout=10) as response:
+            return json.load(response)
 
 
 def targets_file(state: Path) -> Path:

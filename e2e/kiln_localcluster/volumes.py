@@ -2,7 +2,7 @@
 
 Why it exists: Kiln mounts models from PersistentVolumeClaims, and the scheduler keeps a pod
 whose claim is missing or unbound Pending. A pre-bound hostPath PersistentVolume makes the claim
-real for the scheduler, and tells the pod runner which directory holds the model.
+real for the scheduler, and the real node's kubelet mounts that directory into the pod.
 """
 
 from pathlib import Path

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kiln_localcluster.cluster import ClusterInfo, ClusterOptions, LocalCluster, kubectl
 from kiln_localcluster.volumes import provision_claim
+from tests.sessioncluster import write_example_model
 
 REPO = Path(__file__).resolve().parents[2]
 STATE_DIR = REPO / ".kiln" / "e2e"
@@ -34,18 +35,6 @@ class BenchCluster:
         kubectl(self.info, "label", "namespace", namespace,
                 "pod-security.kubernetes.io/enforce=restricted")  # fmt: skip
         provision_claim(self.info, namespace, "models", self.models)
-
-
-def write_example_model(models: Path) -> Path:
-    """The example MLP at `models/mlp/model.pt`, readable by the image's unprivileged user."""
-    subprocess.run(
-        [sys.executable, "-m", "kiln_runtime", "example-model", "--kind", "mlp",
-         "--out", str(models / "mlp")],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
-    for path in [models, *models.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return models
 
 
 @contextlib.contextmanager

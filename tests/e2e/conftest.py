@@ -7,9 +7,13 @@ the generated pod spec under Pod Security `restricted`, traffic through a Servic
 - `KILN_E2E_KUBECONFIG` set: that cluster is used as it is (Kiln's CRD and operator installed,
   e.g. by `e2e/kind.sh`; the runtime image `KILN_E2E_RUNTIME_IMAGE` loaded on its nodes, with the
   example model at `KILN_E2E_MODEL_URI`); Services are reached through `kubectl port-forward`.
-- Otherwise the local cluster starts with one real node (containerd, kubelet, kube-proxy) and no
-  fake nodes, in its own state directory (`.kiln/e2e`), the runtime image is imported into the
-  node, the CRDs are installed and the operator runs as a process of this machine.
+- Otherwise the suite uses the session's one local cluster (`tests/sessioncluster.py`, shared
+  with the integration tier): the control plane, its real node (containerd, kubelet,
+  kube-proxy) with the runtime image imported, and kwok's fake GPU nodes, which this suite's
+  pods never reach (they are CPU services, untolerated by the fake nodes' GPU taint, or say
+  where they go). The CRDs are installed and the operator runs as a process of this machine,
+  serving every namespace while this suite runs and stopped after it, so that the integration
+  tier's own operators are alone afterwards.
 """
 
 import contextlib
@@ -27,16 +31,13 @@ from typing import Any
 
 import pytest
 
-from kiln_localcluster import node
-from kiln_localcluster.cluster import ClusterOptions, LocalCluster, resolve_binaries
+from kiln_localcluster.cluster import LocalCluster, resolve_binaries
 from kiln_localcluster.volumes import provision_claim
 from kiln_localcluster.waiting import wait_for
-from tests.e2e.benchcluster import write_example_model
-from tests.integration.conftest import missing_component
+from tests.sessioncluster import REPO, SessionCluster, write_example_model
 
-REPO = Path(__file__).resolve().parents[2]
 STATE_DIR = REPO / ".kiln" / "e2e"
-RUNTIME_IMAGE = os.environ.get("KILN_E2E_RUNTIME_IMAGE", "kiln/runtime:dev")
+"""This suite's files on the local cluster (models, the operator's log, a bucket's data)."""
 EXTERNAL_MODEL_URI = os.environ.get("KILN_E2E_MODEL_URI", "")
 """On a cluster of the user's: the example MLP's path inside the runtime image (`e2e/kind.sh`
 bakes it in), since the suite cannot write to that cluster's nodes."""
@@ -84,51 +85,49 @@ def _start_operator(cluster: E2ECluster, log: Path, prometheus: str) -> subproce
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[E2ECluster]:
+def cluster(request: pytest.FixtureRequest) -> E2ECluster:
     external = os.environ.get("KILN_E2E_KUBECONFIG")
     # Resolved only when not given: resolving builds the local cluster's binaries where they
     # are not cached, which a kind user (e2e/kind.sh) does not need.
     given = os.environ.get("KILN_E2E_KUBECTL")
     kubectl_path = Path(given) if given else resolve_binaries() / "kubectl"
     if external:
-        yield E2ECluster(Path(external), kubectl_path, local=None)
-        return
-    if (missing := node.available()) is not None:
-        missing_component(missing)
-    # Built from this checkout every session (Docker's layer cache makes an unchanged one
-    # quick): a stale image would test the operator of today against yesterday's runtime.
-    subprocess.run(
-        ["make", "image-runtime", f"RUNTIME_IMAGE={RUNTIME_IMAGE}"],
-        cwd=REPO, check=True, timeout=1800,
+        return E2ECluster(Path(external), kubectl_path, local=None)
+    session: SessionCluster = request.getfixturevalue("real_node")
+    cluster = E2ECluster(Path(session.info.kubeconfig), kubectl_path, local=session.local)
+    cluster.kubectl("apply", "-k", str(REPO / "crds"))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s",
+        "crd/inferenceservices.serving.kiln.dev",
     )  # fmt: skip
-    local = LocalCluster(STATE_DIR, ClusterOptions(nodes=0, real_node=True))
-    local.down()  # a cluster left by an interrupted run
-    info = local.up()
-    operator: subprocess.Popen[bytes] | None = None
+    return cluster
+
+
+@pytest.fixture(scope="package")
+def operator(cluster: E2ECluster) -> Iterator[None]:
+    """On the local cluster, Kiln's operator serving every namespace for as long as this suite
+    runs (on a user's cluster, the operator installed there)."""
+    if cluster.local is None:
+        yield
+        return
+    info = cluster.local.recorded_info()
+    assert info is not None
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    process = _start_operator(cluster, STATE_DIR / "operator.log", info.prometheus)
     try:
-        local.import_image(RUNTIME_IMAGE)
-        cluster = E2ECluster(Path(info.kubeconfig), kubectl_path, local=local)
-        cluster.kubectl("apply", "-k", str(REPO / "crds"))
-        cluster.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s",
-            "crd/inferenceservices.serving.kiln.dev",
-        )  # fmt: skip
-        operator = _start_operator(cluster, STATE_DIR / "operator.log", info.prometheus)
-        yield cluster
+        yield
     finally:
-        if operator is not None and operator.poll() is None:
-            operator.send_signal(signal.SIGTERM)
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
             try:
-                operator.wait(timeout=20)
+                process.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                operator.kill()
-                operator.wait(timeout=10)
-        if not os.environ.get("KILN_KEEP_CLUSTER"):
-            local.down()
+                process.kill()
+                process.wait(timeout=10)
 
 
 @pytest.fixture
-def namespace(cluster: E2ECluster, request: pytest.FixtureRequest) -> Iterator[str]:
+def namespace(cluster: E2ECluster, operator: None, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace that enforces Pod Security `restricted`, deleted afterwards."""
     stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"{stem}-{uuid.uuid4().hex[:6]}"

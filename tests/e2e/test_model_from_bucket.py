@@ -22,7 +22,6 @@ import yaml
 from kiln_localcluster import node
 from kiln_localcluster.objectstore import ACCESS_KEY, SECRET_KEY, SeaweedS3, seaweed_s3, weed_binary
 from kiln_localcluster.waiting import wait_for
-from tests.e2e.benchcluster import write_example_model
 from tests.e2e.conftest import STATE_DIR, E2ECluster, Model, service_address
 from tests.e2e.test_real_node import (
     GATE,
@@ -34,7 +33,7 @@ from tests.e2e.test_real_node import (
     inference_service,
     runtime_pods,
 )
-from tests.integration.conftest import missing_component
+from tests.sessioncluster import missing_component, write_example_model
 
 BUCKET = "models"
 KEY = "mlp/model.pt"

@@ -15,8 +15,8 @@ import yaml
 from kiln_localcluster import node
 from kiln_localcluster.cluster import ClusterOptions
 from kiln_localcluster.waiting import wait_for
-from tests.e2e.conftest import RUNTIME_IMAGE, RUNTIME_UID, E2ECluster, Model, service_address
-from tests.integration.conftest import missing_component
+from tests.e2e.conftest import RUNTIME_UID, E2ECluster, Model, service_address
+from tests.sessioncluster import REAL_NODE, RUNTIME_IMAGE, missing_component
 
 GATE = "serving.kiln.dev/warmed-up"
 HTTP, GRPC = 8000, 8001
@@ -253,7 +253,9 @@ def test_a_gpu_service_runs_on_the_real_nodes_cpu_and_says_so(
     """The node advertises `nvidia.com/gpu` without having one, and the operator runs with
     KILN_IMITATED_GPUS: the GPU pod is placed as on a GPU cluster, its runtime told to use CPU."""
     product = ClusterOptions().gpu_product
-    resources = {"gpuCount": 1, "gpuProduct": product, "cpu": "1", "memory": "2Gi"}
+    resources: dict[str, Any] = {"gpuCount": 1, "gpuProduct": product, "cpu": "1", "memory": "2Gi"}
+    if cluster.local is not None:  # the local cluster's fake GPU nodes run no container
+        resources["nodeSelector"] = REAL_NODE
     apply_and_serve(cluster, namespace, model, MODEL, resources=resources)
     cluster.kubectl(
         "wait",

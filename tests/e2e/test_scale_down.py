@@ -24,7 +24,7 @@ import yaml
 from kiln_localcluster.waiting import wait_for
 from tests.e2e.conftest import E2ECluster, Model, service_address
 from tests.e2e.test_real_node import GRPC, HTTP, MODEL, inference_service, runtime_pods
-from tests.integration.conftest import missing_component
+from tests.sessioncluster import missing_component
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 PRE_STOP_SECONDS = 3

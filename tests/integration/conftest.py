@@ -1,12 +1,13 @@
 """Fixtures for integration tests: the real local control plane, a namespace per test.
 
-The cluster is session-scoped: a cluster already running for this checkout (``make cluster-up``)
-is reused and left running; otherwise one is started and stopped at the end of the session
-(``KILN_KEEP_CLUSTER=1`` keeps it).
+The cluster is the session's one local cluster (``tests/sessioncluster.py``, shared with the
+e2e tier): a cluster already running for this checkout (``make cluster-up``) is reused and left
+running; otherwise one is started and stopped at the end of the session (``KILN_KEEP_CLUSTER=1``
+keeps it). Its kwok GPU nodes take the pods that need no container; tests that need a server
+behind a pod run Kiln's image on its real node.
 """
 
 import json
-import os
 import re
 import subprocess
 import uuid
@@ -17,13 +18,12 @@ from typing import Any
 
 import pytest
 
-from kiln_localcluster import podnet, prometheus
-from kiln_localcluster.cluster import ClusterInfo, LocalCluster, kubectl
+from kiln_localcluster import prometheus
+from kiln_localcluster.cluster import ClusterInfo, kubectl
 from kiln_localcluster.processes import stop
 from kiln_localcluster.targets import targets_file
 from kiln_localcluster.waiting import wait_for
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.sessioncluster import REPO, SessionCluster
 
 
 @dataclass(frozen=True)
@@ -59,29 +59,8 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    local = LocalCluster(REPO / ".kiln")
-    info = local.info()
-    started_here = info is None
-    if info is None:
-        info = local.up()
-    yield Cluster(info)
-    if started_here and not os.environ.get("KILN_KEEP_CLUSTER"):
-        local.down()
-
-
-def missing_component(reason: str) -> None:
-    """Skip for lack of `reason` on a developer's machine; fail in CI, which must run it all."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI runs every test: install what it needs)")
-    pytest.skip(reason)
-
-
-@pytest.fixture
-def pod_network() -> None:
-    """Tests whose pods run real processes need the pod runner's network namespaces (root)."""
-    if (missing := podnet.available()) is not None:
-        missing_component(missing)
+def cluster(local_cluster: SessionCluster) -> Cluster:
+    return Cluster(local_cluster.info)
 
 
 @pytest.fixture

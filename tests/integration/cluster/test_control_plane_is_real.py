@@ -25,7 +25,8 @@ GATE = "kiln.test/warmed-up"
 def gpu_pod_spec(gpus: int, **extra: Any) -> dict[str, Any]:
     return {
         "tolerations": [GPU_TOLERATION],
-        "nodeSelector": {GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"},
+        # kwok's fake GPU nodes (the real node would try to pull the image)
+        "nodeSelector": {GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB", "type": "kwok"},
         "containers": [
             {
                 "name": "main",

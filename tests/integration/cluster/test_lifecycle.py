@@ -9,7 +9,8 @@ import pytest
 from kiln_localcluster import podnet
 from kiln_localcluster.cluster import LocalCluster
 from kiln_localcluster.processes import ProcessTable, is_running
-from tests.integration.conftest import REPO, Cluster
+from tests.integration.conftest import Cluster
+from tests.sessioncluster import REPO
 
 pytestmark = pytest.mark.integration
 
@@ -43,10 +44,10 @@ def test_a_crashed_start_stops_what_it_started(
     assert recorded == []  # stop_all ran and saved an empty table
     assert (tmp_path / "state" / "cluster" / "logs" / "etcd.log").exists()  # etcd did start
     assert _pids_of(str(bins / "etcd")) == []  # and is gone
-    if podnet.available() is None:  # the running cluster's pod network was left alone
-        shown = subprocess.run(["ip", "link", "show", podnet.BRIDGE], capture_output=True,
-                               check=False)  # fmt: skip
-        assert shown.returncode == 0
+    if podnet.available() is None:  # the running cluster's routes were left alone
+        shown = subprocess.run(["ip", "route", "show", "10.244.0.0/16"], capture_output=True,
+                               text=True, check=False)  # fmt: skip
+        assert "unreachable" in shown.stdout
 
 
 def _pids_of(executable: str) -> list[int]:

@@ -26,8 +26,8 @@ from kiln_localcluster.objectstore import (
     seaweed_s3,
     weed_binary,
 )
-from tests.integration.conftest import missing_component
 from tests.integration.fetch.servers import CuttingProxy, https_file_server
+from tests.sessioncluster import missing_component
 
 BUCKET = "models"
 FETCH_TIMEOUT_SECONDS = 120

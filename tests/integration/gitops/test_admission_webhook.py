@@ -36,7 +36,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kiln_localcluster.waiting import wait_for
 from kiln_operator import constants
 from tests.gotools import FIRST_BUILD_TEST_TIMEOUT, go_tool
-from tests.integration.conftest import REPO, Cluster
+from tests.integration.conftest import Cluster
 from tests.integration.operator.conftest import (
     SAMPLES,
     AuditLog,
@@ -44,8 +44,10 @@ from tests.integration.operator.conftest import (
     apply,
     get,
     gpu_service,
+    on_fake_nodes,
 )
 from tests.integration.operator.test_peering import peer_priorities
+from tests.sessioncluster import REPO
 from tests.unit.operator.conftest import corpus, expectation
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(FIRST_BUILD_TEST_TIMEOUT)]
@@ -259,7 +261,7 @@ def test_every_invalid_spec_is_refused_at_apply_naming_the_field(
     assert "; spec.resources.memory: '1.2.3' is not a Kubernetes quantity" in result.stderr
 
     # a valid spec is admitted; a namespace the operator does not serve is not judged
-    apply(cluster, namespace, load(SAMPLES / "cpu-test.yaml"))
+    apply(cluster, namespace, on_fake_nodes(load(SAMPLES / "cpu-test.yaml")))
     apply(cluster, other_namespace, invalid_update("elsewhere"))
     assert get(cluster, other_namespace, "inferenceservice", "elsewhere") is not None
 

@@ -14,8 +14,9 @@ import pytest
 
 from kiln_localcluster.waiting import wait_for
 from tests.gotools import FIRST_BUILD_TEST_TIMEOUT, go_tool
-from tests.integration.conftest import REPO, Cluster
+from tests.integration.conftest import Cluster
 from tests.integration.operator.conftest import get
+from tests.sessioncluster import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(FIRST_BUILD_TEST_TIMEOUT)]
 

@@ -54,7 +54,7 @@ from kiln_operator.k8s.resources import (
 from kiln_operator.status import compute_status
 from kiln_operator.status.compute import ReconcileObservation
 from tests.integration.benchpage import write_page
-from tests.integration.conftest import REPO, Cluster
+from tests.integration.conftest import Cluster
 from tests.integration.operator.conftest import (
     AuditLog,
     OperatorProcess,
@@ -62,6 +62,7 @@ from tests.integration.operator.conftest import (
     pending_service,
 )
 from tests.integration.operator.synthetic_runtimes import SyntheticRuntimes
+from tests.sessioncluster import REPO
 
 TARGET_SECONDS_1000 = 60.0
 TARGET_BARE_RATIO = 1.1

@@ -20,7 +20,15 @@ import yaml
 
 from kiln_localcluster.volumes import provision_claim
 from kiln_localcluster.waiting import wait_for
-from tests.integration.conftest import REPO, Cluster
+from tests.integration.conftest import Cluster
+from tests.sessioncluster import (
+    FAKE_NODES,
+    REAL_NODE,
+    REPO,
+    RUNTIME_IMAGE,
+    SessionCluster,
+    write_example_model,
+)
 
 SAMPLES = REPO / "manifests" / "samples"
 OPERATOR_AGENTS = ("kiln-operator", "kopf")
@@ -114,6 +122,9 @@ class OperatorProcess:
             "KILN_ALLOWED_PROMETHEUS_URLS": "http://127.0.0.1",
             # as the operator's image sets it (operator/Dockerfile)
             "MALLOC_ARENA_MAX": "2",
+            # The real node advertises GPUs it does not have: GPU services' runtimes run on its
+            # CPU (the fake nodes' pods run nothing, so the setting changes nothing for them).
+            "KILN_IMITATED_GPUS": "true",
             **(env or {}),
         }
         environment.pop("KUBERNETES_SERVICE_HOST", None)
@@ -243,17 +254,28 @@ def sample(name: str, service_name: str, **spec_updates: Any) -> dict[str, Any]:
     return manifest
 
 
+def on_fake_nodes(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The service's pods placed on kwok's fake GPU nodes only, never on the real node: they
+    run no container there."""
+    resources = dict(manifest["spec"].get("resources") or {})
+    resources["nodeSelector"] = {**FAKE_NODES, **resources.get("nodeSelector", {})}
+    manifest["spec"]["resources"] = resources
+    return manifest
+
+
 def gpu_service(service_name: str, **spec_updates: Any) -> dict[str, Any]:
-    """The minimal sample: one GPU per pod, so pods schedule onto the fake GPU nodes. Without
-    the warm-up gate unless `warmup` is given: no runtime answers behind kwok's pods, and the
-    gate has tests of its own."""
-    return sample("minimal", service_name, **{"warmup": {"requests": 0}, **spec_updates})
+    """The minimal sample: one GPU per pod, on the fake GPU nodes. Without the warm-up gate
+    unless `warmup` is given: no runtime answers behind kwok's pods, and the gate has tests of
+    its own (`mlp_service`, on the real node)."""
+    return on_fake_nodes(
+        sample("minimal", service_name, **{"warmup": {"requests": 0}, **spec_updates})
+    )
 
 
 def pending_service(service_name: str, **spec_updates: Any) -> dict[str, Any]:
-    """The CPU sample (gpuCount 0): every node of the local cluster carries the GPU taint, so its
-    pods stay Pending. For tests of many objects: no runtime process is started for them."""
-    return sample("cpu-test", service_name, **spec_updates)
+    """The CPU sample (gpuCount 0), held to the fake GPU nodes, whose GPU taint it does not
+    tolerate: its pods stay Pending. For tests of many objects: no container runs for them."""
+    return on_fake_nodes(sample("cpu-test", service_name, **spec_updates))
 
 
 def apply(
@@ -308,27 +330,27 @@ def wait_condition(
     return result
 
 
-# --- a real model behind the pods (the pod runner starts kiln_runtime for each) -----------------
+# --- a real model behind the pods: Kiln's image on the real node ---------------------------------
 
 
 @pytest.fixture(scope="session")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The example MLP written once per session (model.pt + config.json)."""
-    directory = tmp_path_factory.mktemp("models")
-    subprocess.run(
-        [sys.executable, "-m", "kiln_runtime", "example-model", "--kind", "mlp",
-         "--out", str(directory)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return directory
+def model_dir(real_node: SessionCluster) -> Path:
+    """The example MLP written once per session (mlp/model.pt + config.json), readable by the
+    runtime image's user; the real node's kubelet mounts it from the claim `models`."""
+    return write_example_model(REPO / ".kiln" / "models" / "integration")
 
 
 def mlp_service(name: str, **warmup: Any) -> dict[str, Any]:
-    """The example MLP from the claim `models`, one GPU per pod, a generous warm-up bound."""
-    return gpu_service(
+    """The example MLP from the claim `models` on the real node, in Kiln's runtime image: one
+    (imitated) GPU per pod, a CPU share small enough for three pods on the node, a generous
+    warm-up bound."""
+    return sample(
+        "minimal",
         name,
+        resources={"gpuCount": 1, "cpu": "300m", "memory": "1Gi", "nodeSelector": REAL_NODE},
+        runtime={"image": RUNTIME_IMAGE, "imagePullPolicy": "Never"},
         model={
-            "uri": "pvc://models/model.pt",
+            "uri": "pvc://models/mlp/model.pt",
             "format": "torchscript",
             "inputs": [{"name": "INPUT__0", "datatype": "FP32", "shape": [512]}],
             "outputs": [{"name": "OUTPUT__0", "datatype": "FP32", "shape": [10]}],
@@ -347,6 +369,7 @@ def mlp_service(name: str, **warmup: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def models_claim(cluster: Cluster, namespace: str, model_dir: Path) -> str:
-    """The claim `models` in the test's namespace, bound to the example model's directory."""
+    """The claim `models` in the test's namespace, bound to the example model's directory (a
+    real volume for the real node's kubelet)."""
     provision_claim(cluster.info, namespace, "models", model_dir)
     return "models"

@@ -1,4 +1,5 @@
-"""The SLO autoscaler end to end: real Prometheus scraping real runtimes at the pod IPs.
+"""The SLO autoscaler end to end: real Prometheus scraping Kiln's runtime image at its pods' IPs on
+the local cluster's real node.
 
 Load drives p99 over the SLO, so the service scales up; when the load stops it scales back down,
 but only after the hold window; with Prometheus gone it never scales down; a pre-warm window a
@@ -24,10 +25,7 @@ from kiln_localcluster.waiting import wait_for
 from tests.integration.conftest import Cluster
 from tests.integration.operator.conftest import AuditLog, apply, condition, mlp_service
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.usefixtures("pod_network"),
-]
+pytestmark = pytest.mark.integration
 
 HOLD_SECONDS = 20
 STEADY_SECONDS = 30

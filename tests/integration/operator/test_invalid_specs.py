@@ -17,6 +17,7 @@ from tests.integration.operator.conftest import (
     apply,
     get,
     getter,
+    on_fake_nodes,
     wait_condition,
 )
 from tests.unit.operator.conftest import corpus, expectation
@@ -44,7 +45,7 @@ def test_schema_errors_are_refused_at_apply_naming_the_field(
 def test_semantic_errors_condition_the_service_and_keep_the_last_valid_spec_serving(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    valid = load(SAMPLES / "cpu-test.yaml")
+    valid = on_fake_nodes(load(SAMPLES / "cpu-test.yaml"))
     cases = [
         (path, f"case-{index}")
         for index, path in enumerate(corpus("semantic"))

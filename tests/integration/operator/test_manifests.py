@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from kiln_localcluster.waiting import wait_for
-from tests.integration.conftest import REPO, Cluster
+from tests.integration.conftest import Cluster
 from tests.integration.operator.conftest import (
     apply,
     get,
@@ -17,6 +17,7 @@ from tests.integration.operator.conftest import (
     gpu_service,
     wait_condition,
 )
+from tests.sessioncluster import REPO
 
 pytestmark = pytest.mark.integration
 

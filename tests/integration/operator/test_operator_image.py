@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from kiln_localcluster.waiting import wait_for
-from tests.integration.conftest import REPO, Cluster
+from tests.integration.conftest import Cluster
 from tests.integration.operator.conftest import apply, condition, gpu_service
+from tests.sessioncluster import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 

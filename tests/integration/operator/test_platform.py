@@ -24,6 +24,7 @@ from tests.integration.operator.conftest import (
     wait_condition,
 )
 from tests.integration.operator.test_warmup_gate import endpoint_ips, pods, wait_gate
+from tests.sessioncluster import FAKE_NODES
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +58,13 @@ def cluster_profile(cluster: Cluster, namespace: str) -> Iterator[str]:
                         "image": "kiln/runtime:dev",
                         "batching": {"maxBatchSize": 16, "maxQueueSize": 128},
                     },
-                    "resources": {"gpuCount": 1, "cpu": "1", "memory": "2Gi"},
+                    # on kwok's fake GPU nodes: these services' pods run no container
+                    "resources": {
+                        "gpuCount": 1,
+                        "cpu": "1",
+                        "memory": "2Gi",
+                        "nodeSelector": FAKE_NODES,
+                    },
                     "slo": {"p99LatencyMilliseconds": 100},
                     "warmup": {"requests": 0},
                     "autoscaling": {"maxReplicas": 4},
@@ -259,7 +266,6 @@ def test_a_tightened_policy_freezes_a_live_service_and_deletes_nothing(
     assert rolled["metadata"]["generation"] > before["metadata"]["generation"]
 
 
-@pytest.mark.usefixtures("pod_network")
 def test_a_changed_platform_default_rolls_its_services_which_stay_served(
     cluster: Cluster, namespace: str, models_claim: str, operator: Any
 ) -> None:

@@ -17,9 +17,9 @@ from kiln_localcluster import prometheus as local_prometheus
 from kiln_localcluster.processes import stop
 from kiln_localcluster.waiting import wait_for
 from kiln_operator.autoscaling.prometheus import QUERY_TIMEOUT_SECONDS, PrometheusSource
-from tests.integration.conftest import missing_component
 from tests.integration.operator import bench_operator
 from tests.integration.operator.synthetic_runtimes import SyntheticRuntimes
+from tests.sessioncluster import missing_component
 
 pytestmark = pytest.mark.integration
 

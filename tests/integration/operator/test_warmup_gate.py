@@ -1,8 +1,8 @@
 """The warm-up gate end to end: operator, real control plane, real runtimes at the pod IPs.
 
-The pod runner (kiln_localcluster) starts kiln_runtime for each Kiln pod inside a network
-namespace holding the pod's IP, so the operator's warm-up requests and the Service's endpoints
-are real.
+Each Kiln pod runs Kiln's runtime image under the local cluster's real node (kubelet,
+containerd, a CNI bridge), so the operator's warm-up requests, the pod's readiness and the
+Service's endpoints are real.
 """
 
 import json
@@ -10,15 +10,14 @@ from typing import Any
 
 import pytest
 
+from kiln_localcluster import podnet
 from kiln_localcluster.load import ready_endpoints
 from kiln_localcluster.waiting import wait_for
 from tests.integration.conftest import Cluster
 from tests.integration.operator.conftest import apply, condition, mlp_service, wait_condition
+from tests.sessioncluster import FAKE_NODES, missing_component
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.usefixtures("pod_network"),
-]
+pytestmark = pytest.mark.integration
 
 GATE = "serving.kiln.dev/warmed-up"
 
@@ -107,8 +106,15 @@ def test_pod_over_its_p99_bound_never_becomes_ready(
 def test_runtime_that_never_gets_ready_fails_with_a_timeout_reason(
     cluster: Cluster, namespace: str, models_claim: str, operator: Any
 ) -> None:
+    """A pod its kubelet calls ready whose runtime never answers the gate. On the real node the
+    kubelet itself holds a runtime that never gets ready out of ContainersReady (its readiness
+    probe is the gate's first check), so the gate's own timeout guards what the kubelet cannot
+    see: a pod the operator gets no answer from. A fake node's pod is exactly that: kwok calls
+    its containers ready, and nothing answers at its IP (a route keeps the packets here)."""
+    if (missing := podnet.available()) is not None:
+        missing_component(f"the fake pods' range must stay on this machine: {missing}")
     service = mlp_service("broken", timeoutSeconds=3)
-    service["spec"]["model"]["uri"] = "pvc://models/missing.pt"
+    service["spec"]["resources"]["nodeSelector"] = FAKE_NODES
     apply(cluster, namespace, service)
     pod = wait_gate(cluster, namespace, "broken", status="False")
     gate = gate_of(pod)

@@ -15,7 +15,7 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.grpc import service_pb2
 
 from kiln_runtime.protocol import health
-from tests.integration.conftest import missing_component
+from tests.sessioncluster import missing_component
 
 from .conftest import ModelFactory
 from .runtime_process import Runtime, running

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import missing_component
+from tests.sessioncluster import missing_component
 
 from .conftest import ModelFactory
 from .runtime_process import HOST, Runtime, running

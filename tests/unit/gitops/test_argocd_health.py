@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.gotools import FIRST_BUILD_TEST_TIMEOUT, go_tool
-from tests.integration.conftest import REPO
+from tests.sessioncluster import REPO
 
 CUSTOMIZATIONS = REPO / "manifests" / "argocd" / "resource_customizations"
 CHECK = CUSTOMIZATIONS / "serving.kiln.dev" / "InferenceService"

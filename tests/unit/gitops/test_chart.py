@@ -13,7 +13,7 @@ import yaml
 from kiln_operator import constants
 from kiln_operator.builders.naming import Manifest
 from tests.gotools import FIRST_BUILD_TEST_TIMEOUT, kubectl
-from tests.integration.conftest import REPO
+from tests.sessioncluster import REPO
 
 CHART = REPO / "manifests" / "charts" / "kiln"
 NAMESPACE = "kiln-system"

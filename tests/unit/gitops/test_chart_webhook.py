@@ -16,7 +16,7 @@ from cryptography import x509
 from kiln_operator import constants
 from kiln_operator.builders.naming import Manifest
 from tests.gotools import FIRST_BUILD_TEST_TIMEOUT, kubectl
-from tests.integration.conftest import REPO
+from tests.sessioncluster import REPO
 from tests.unit.gitops.test_chart import (
     NAMESPACE,
     deployment,

@@ -1,21 +1,35 @@
-"""The pod network's address plan and names are deterministic and fit the kernel's limits."""
+"""The fake pod range's routes: added and removed with iproute2, only for the ranges given."""
+
+import subprocess
+from typing import Any
 
 import pytest
 
 from kiln_localcluster import podnet
 
 
-def test_gateway_is_last_usable_address_of_the_pod_range() -> None:
-    assert podnet.PodNetwork("10.244.0.0/16").gateway == "10.244.255.254"
+def test_isolate_and_release_touch_only_the_given_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+
+    def run(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    podnet.isolate(["10.244.0.0/16"])
+    podnet.release(["10.244.0.0/16"])
+    assert calls == [
+        ["ip", "route", "replace", "unreachable", "10.244.0.0/16"],
+        ["ip", "route", "del", "unreachable", "10.244.0.0/16"],
+    ]
 
 
-def test_names_are_stable_and_short() -> None:
-    netns, veth = podnet.names_for("0b9d7c1e-uid")
-    assert (netns, veth) == podnet.names_for("0b9d7c1e-uid")
-    assert netns.startswith(podnet.NETNS_PREFIX)
-    assert len(veth) + 1 <= 15  # the peer is named <veth>p before it becomes eth0
+def test_a_route_that_cannot_be_added_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    def run(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(
+            argv, 2, "", "RTNETLINK answers: Operation not permitted"
+        )
 
-
-def test_an_ip_outside_the_pod_range_is_refused() -> None:
-    with pytest.raises(ValueError, match="outside the pod range"):
-        podnet.attach(podnet.PodNetwork("10.244.0.0/16"), "uid", "192.0.2.1")
+    monkeypatch.setattr(subprocess, "run", run)
+    with pytest.raises(RuntimeError, match="Operation not permitted"):
+        podnet.isolate(["10.244.0.0/16"])
