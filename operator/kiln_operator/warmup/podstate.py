@@ -69,11 +69,18 @@ def verdict_outlived_its_container(pod: Pod) -> bool:
         return False
     decided = _timestamp(gate["lastTransitionTime"])
     for status in pod.get("status", {}).get("containerStatuses") or []:
-        if status.get("name") != constants.RUNTIME_CONTAINER or not status.get("restartCount"):
+        if status.get("name") != constants.RUNTIME_CONTAINER:
+            continue
+        ended = (status.get("state") or {}).get("terminated", {}).get("finishedAt")
+        if not status.get("restartCount"):
+            # The first container exited and the kubelet has not restarted it yet: the gate
+            # closes now, seconds before the restarted container's readiness probe can pass.
+            if ended and _timestamp(ended) > decided:
+                return True
             continue
         moments = [
             (status.get("state") or {}).get("running", {}).get("startedAt"),
-            (status.get("state") or {}).get("terminated", {}).get("finishedAt"),
+            ended,
             (status.get("lastState") or {}).get("terminated", {}).get("finishedAt"),
         ]
         if any(m and _timestamp(m) > decided for m in moments):

@@ -119,6 +119,23 @@ def test_a_container_restarted_after_the_verdict_must_warm_up_again() -> None:
     assert podstate.verdict_outlived_its_container(restarted)
 
 
+def test_the_gate_closes_as_soon_as_the_first_container_exits_before_its_restart() -> None:
+    exited = pod(
+        (GATE, "True", "WarmedUp"),
+        containerStatuses=runtime_status(
+            0, state={"terminated": {"exitCode": 137, "finishedAt": "2026-01-01T00:05:00Z"}}
+        ),
+    )
+    assert podstate.verdict_outlived_its_container(exited)
+    exited_before_the_verdict = pod(
+        (GATE, "True", "WarmedUp"),
+        containerStatuses=runtime_status(
+            0, state={"terminated": {"exitCode": 1, "finishedAt": "2026-01-01T00:00:20Z"}}
+        ),
+    )
+    assert not podstate.verdict_outlived_its_container(exited_before_the_verdict)
+
+
 def test_a_verdict_given_to_the_running_container_stands() -> None:
     first_start = pod(
         (GATE, "True", "WarmedUp"),
