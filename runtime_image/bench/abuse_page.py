@@ -61,7 +61,9 @@ def grpc_section(rows: list[dict[str, Any]]) -> list[str]:
         "(tritonclient gRPC, its channel opened before the attack) calls ModelInfer about 150",
         "times a second and the runtime's RSS is sampled every 20 ms. Target: every probe",
         f"answered, p99 <= {PROBE_TARGET_MS:.0f} ms. The attacker, the server and the probe share",
-        "the host's CPUs (its load average is in the last column).",
+        "the host's CPUs (its load average is in the host load column). The probe's tail under",
+        'the unread answers, and what was done about it: [runtime.md](../runtime.md), "A client',
+        'that does not read its answers".',
         "",
         "| attack | server's answer | peak RSS over baseline | probe p99 (probes, failures) | "
         "host load | result |",
