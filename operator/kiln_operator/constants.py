@@ -92,10 +92,11 @@ METRICS_PORT: Final = 8002
 PORT_NAME_HTTP: Final = "http"
 PORT_NAME_GRPC: Final = "grpc"
 PORT_NAME_METRICS: Final = "metrics"
+HEALTH_LIVE_PATH: Final = "/v2/health/live"
 HEALTH_READY_PATH: Final = "/v2/health/ready"
 GRPC_HEALTH_LIVENESS: Final = "liveness"
 """The gRPC health service name the runtime reports liveness under (not readiness, which is
-the server's ``""``): what the kubelet's gRPC startup and liveness probes ask."""
+the server's ``""``): what the kubelet's gRPC liveness probe asks."""
 METRICS_PATH: Final = "/metrics"
 MODEL_MOUNT_ROOT: Final = "/models"
 """Where a `pvc://` model's claim is mounted read-only inside the runtime container."""

@@ -138,9 +138,9 @@ def test_apply_to_ready_to_inference_through_the_cluster_ip(
         "wait", "-n", namespace, "--for=condition=Ready", "inferenceservice/mlp", "--timeout=60s"
     )
     assert pod["spec"]["nodeName"] == node.NODE_NAME
-    # Startup and liveness are the kubelet's own gRPC probe (grpc.health.v1.Health/Check, the
-    # runtime's "liveness" service): started means the startup probe passed on the gRPC port,
-    # and no restart means liveness has held.
+    # Liveness is the kubelet's own gRPC probe (grpc.health.v1.Health/Check, the runtime's
+    # "liveness" service): started (the startup probe passed, so liveness runs) and no restart
+    # means the kubelet's gRPC probe has passed.
     runtime = pod["spec"]["containers"][0]
     assert runtime["livenessProbe"]["grpc"] == {"port": GRPC, "service": "liveness"}
     (status,) = pod["status"]["containerStatuses"]

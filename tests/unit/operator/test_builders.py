@@ -140,9 +140,8 @@ def test_ports_probes_and_the_warm_up_gate() -> None:
     ]
     # liveness through the gRPC port's health service (its liveness, not readiness: ""),
     # readiness on the HTTP port; a named port is not allowed in a gRPC probe
-    liveness = {"port": 8001, "service": "liveness"}
-    assert container["livenessProbe"]["grpc"] == liveness
-    assert container["startupProbe"]["grpc"] == liveness
+    assert container["livenessProbe"]["grpc"] == {"port": 8001, "service": "liveness"}
+    assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert constants.GRPC_HEALTH_LIVENESS == health.LIVENESS  # the runtime's contract
     # startup budget covers warm-up timeout (600 s) plus load time
