@@ -19,7 +19,6 @@ from kiln_operator.builders import (
 from kiln_operator.builders.deployment import RUNTIME_USER_ID
 from kiln_operator.builders.naming import label_selector_string
 from kiln_operator.builders.pdb import wants_pdb
-from kiln_runtime.protocol import health
 from tests.unit.operator.conftest import assert_golden, sample_spec
 
 OWNER = Owner(name="resnet50", namespace="vision", uid="0b6f5a8e-3c1d-4e0f-9a7b-5d2c1e8f4a6b")
@@ -138,12 +137,9 @@ def test_ports_probes_and_the_warm_up_gate() -> None:
         ("grpc", 8001),
         ("metrics", 8002),
     ]
-    # liveness through the gRPC port's health service (its liveness, not readiness: ""),
-    # readiness on the HTTP port; a named port is not allowed in a gRPC probe
-    assert container["livenessProbe"]["grpc"] == {"port": 8001, "service": "liveness"}
-    assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-    assert constants.GRPC_HEALTH_LIVENESS == health.LIVENESS  # the runtime's contract
+    assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/live"
     # startup budget covers warm-up timeout (600 s) plus load time
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
