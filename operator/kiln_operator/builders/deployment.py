@@ -64,12 +64,12 @@ def _probes(spec: InferenceServiceSpec) -> Manifest:
     """Startup allows model load plus the runtime's own warm-up; liveness and readiness then
     watch the runtime's health endpoints.
 
-    Not the kubelet's native gRPC probe, though the runtime serves one for liveness
+    Not (yet) the kubelet's native gRPC probe, though the runtime serves one for liveness
     (grpc.health.v1.Health/Check of service ``liveness``; ``""`` is readiness, as
-    ``/v2/health/ready``): with liveness (and startup) on it, the real-node test of a killed
-    runtime (``tests/e2e/test_real_node.py``) saw the restarted pod back in the Service's
-    endpoints before its new warm-up verdict in 4 of 6 runs, against none of 3 with these
-    HTTP probes; why is not understood yet (docs/runtime.md)."""
+    ``/v2/health/ready``): the real-node test of a killed runtime
+    (``tests/e2e/test_real_node.py``) failed on the branch that added it, with gRPC probes and
+    then with these HTTP ones too, so the switch waits until that is understood
+    (docs/runtime.md)."""
     startup_budget = spec.warmup.timeout_seconds + 300
     return {
         "startupProbe": {
