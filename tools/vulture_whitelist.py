@@ -52,6 +52,7 @@ _._no_zero_dimension
 _._unique_names
 _._fetch_settings_need_a_fetched_uri
 _._queue_holds_a_batch
+_._process_holds_a_connection
 _._ascending
 _._requests_cover_concurrency
 

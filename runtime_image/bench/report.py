@@ -256,7 +256,9 @@ def write_report(results: dict[str, Any], path: Path) -> None:
 
 
 def abuse_section(rows: list[dict[str, Any]]) -> list[str]:
-    """The HTTP/1.1 abuse table: rows the integration tests write (``KILN_ABUSE_OUT``)."""
+    """The HTTP/1.1 abuse table: rows the integration tests write (``KILN_ABUSE_OUT``; the gRPC
+    port's rows, ``port: grpc``, are ``bench.abuse_page``'s)."""
+    rows = [row for row in rows if row.get("port", "http") == "http"]
     if not rows:
         return []
     lines = [

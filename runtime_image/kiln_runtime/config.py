@@ -152,6 +152,8 @@ class Http2Limits:
     """
 
     max_connections: int = 1024  # per port; excess connections are closed at accept
+    # more connections past max_connections, for grpc.health.v1.Health/Check calls only
+    health_connections: int = 32
     max_concurrent_streams: int = 128  # SETTINGS_MAX_CONCURRENT_STREAMS; more are refused
     max_header_list_size: int = 16 << 10  # a larger request header list fails its stream only
     connection_buffer_bytes: int = 64 << 20  # requests and responses held for one connection
@@ -343,6 +345,7 @@ def parse_config(document: Any, model_name: str | None = None) -> RuntimeConfig:
 # The http2 section: each key, its Http2Limits field, and whether it counts (int) or measures.
 HTTP2_KEYS = {
     "maxConnections": ("max_connections", int),
+    "healthConnections": ("health_connections", int),
     "maxConcurrentStreams": ("max_concurrent_streams", int),
     "maxHeaderListSize": ("max_header_list_size", int),
     "connectionBufferBytes": ("connection_buffer_bytes", int),
@@ -363,7 +366,7 @@ def _http2_limits(value: Any) -> Http2Limits:
         if key in section:
             where = f"http2.{key}"
             fields[name] = (
-                _int(section[key], where, 1)
+                _int(section[key], where, 0 if key == "healthConnections" else 1)
                 if kind is int
                 else _seconds(section[key], where, 0.001)
             )

@@ -30,7 +30,7 @@ def build_runtime_config(
     batching = spec.runtime.batching
     optimization = spec.runtime.optimization
     warmup_batches = spec.warmup.batch_sizes or sorted({1, batching.max_batch_size})
-    return {
+    config: dict[str, Any] = {
         "model": {
             "name": spec.model_name(service_name),
             "version": spec.model.version,
@@ -56,6 +56,13 @@ def build_runtime_config(
             "maxAgeGraceSeconds": spec.runtime.connections.max_age_grace_seconds,
         },
     }
+    # Only the limits set: the rest are the runtime's defaults, and a spec that sets none
+    # renders the config it rendered before limits existed (no rollout).
+    limits = spec.runtime.limits
+    for section, part in (("http", limits.http), ("http2", limits.grpc)):
+        if set_limits := part.model_dump(by_alias=True, exclude_none=True):
+            config[section] = set_limits
+    return config
 
 
 def render_runtime_config(

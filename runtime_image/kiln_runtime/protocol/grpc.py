@@ -153,6 +153,10 @@ class InferenceServicer:
         return service
 
     def _status(self, name: str) -> int:
+        """Readiness for the server (``""``) and the inference service, as ``/v2/health/ready``;
+        liveness for ``liveness``, as ``/v2/health/live`` (the pods' gRPC liveness probe)."""
+        if name == health.LIVENESS:
+            return health.SERVING if self.dataplane.live else health.NOT_SERVING
         if name not in ("", SERVICE):
             return health.SERVICE_UNKNOWN
         return health.SERVING if self.dataplane.ready else health.NOT_SERVING
@@ -178,7 +182,8 @@ class InferenceServicer:
 
     async def check(self, request: Any, time_left: float | None) -> Any:
         """grpc.health.v1.Health/Check: the server (``""``) and its inference service serve
-        when the model is ready (not while loading or draining)."""
+        when the model is ready (not while loading or draining); ``liveness`` whenever the
+        process answers at all."""
         status = self._status(request.service)
         if status == health.SERVICE_UNKNOWN:
             raise errors.not_found(f"unknown service '{request.service}'")

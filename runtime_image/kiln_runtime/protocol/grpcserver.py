@@ -26,7 +26,7 @@ from google.protobuf.message import DecodeError
 from kiln_runtime import errors
 from kiln_runtime.config import Http2Limits
 from kiln_runtime.protocol import hpack
-from kiln_runtime.protocol.http2.budgets import MemoryBudget
+from kiln_runtime.protocol.http2.budgets import HealthReserve, MemoryBudget
 from kiln_runtime.protocol.http2.connection import Http2Connection
 from kiln_runtime.protocol.http2.messages import Request, Response
 
@@ -40,6 +40,9 @@ STATUS_CODES = {
 }  # fmt: skip
 
 INVALID_METRIC_CODE = errors.ErrorKind.INVALID.mapping.metric_code
+OVERLOADED_METRIC_CODE = errors.ErrorKind.UNAVAILABLE.mapping.metric_code
+# The one call a connection admitted past maxConnections may make (Kubernetes' gRPC probe).
+HEALTH_CHECK_PATH = b"/grpc.health.v1.Health/Check"
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
 ACCEPT_ENCODING = b"identity,gzip"
@@ -183,6 +186,12 @@ class GrpcService:
     async def handle(self, request: Request) -> Response:
         started = time.perf_counter()
         headers = request.headers
+        if request.over_capacity:  # the connection is told to go away (GOAWAY) as well
+            return _refuse(
+                self._methods.get(headers.get(b":path", b"")), "UNAVAILABLE",
+                "the server is at its connection limit: this connection may only call "
+                "grpc.health.v1.Health/Check", OVERLOADED_METRIC_CODE, started,
+            )  # fmt: skip
         if request.headers_too_large:  # grpc-go's answer: the call fails, the channel lives
             return _refuse(
                 self._methods.get(headers.get(b":path", b"")), "RESOURCE_EXHAUSTED",
@@ -339,6 +348,7 @@ class GrpcServer:
         self._service = service
         self._limits = limits or Http2Limits()
         self.budget = MemoryBudget(self._limits.process_buffer_bytes)
+        self.health = HealthReserve(frozenset({HEALTH_CHECK_PATH}))
         self._max_connection_age = max_connection_age
         self._max_age_grace = max_age_grace
         self._connections: set[Http2Connection] = set()
@@ -352,7 +362,7 @@ class GrpcServer:
                 service.handle, service.max_message, self._connections,
                 self._max_connection_age, self._max_age_grace,
                 limits=self._limits, budget=self.budget, answers_early=service.answers_early,
-                streaming=service.streaming,
+                streaming=service.streaming, health=self.health,
             ),
             host, port, backlog=1024,
         )  # fmt: skip

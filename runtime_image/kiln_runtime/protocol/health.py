@@ -13,6 +13,9 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 SERVICE = "grpc.health.v1.Health"
+# The service name whose status is the process's liveness (``/v2/health/live``), not readiness:
+# what the pods' gRPC liveness probe asks (``grpc: {port: 8001, service: liveness}``).
+LIVENESS = "liveness"
 UNKNOWN, SERVING, NOT_SERVING, SERVICE_UNKNOWN = 0, 1, 2, 3
 
 

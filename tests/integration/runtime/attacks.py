@@ -96,9 +96,23 @@ def settings(i: int) -> bytes:
     return wire.frame(wire.SETTINGS, 0, 0)
 
 
-def unread_answers(port: int, seconds: float) -> str:
-    """Calls sent as fast as possible on one connection whose answers are never read."""
+def unread_answers(port: int, seconds: float, *, window: bool = True) -> str:
+    """Calls sent as fast as possible on one connection whose answers are never read.
+
+    With ``window`` the client grants the largest flow-control windows first (as a client
+    sure to read everything would), so the answers go to the socket until its buffers are full
+    and the server must stop on TCP's backpressure alone. Without, HTTP/2's default 64 KiB
+    window stops the answers after a few thousand calls; the client, reading nothing, never
+    learns that its streams are still open and goes on opening streams beyond the server's
+    concurrency limit."""
     sock = connect(port)
+    if window:
+        largest = 2**31 - 1
+        sock.sendall(
+            wire.frame(wire.SETTINGS, 0, 0, struct.pack(">HL", wire.SETTINGS_INITIAL_WINDOW_SIZE,
+                                                         largest))
+            + wire.frame(wire.WINDOW_UPDATE, 0, 0, struct.pack(">L", largest - 65_535))
+        )  # fmt: skip
     deadline = time.monotonic() + seconds
     sock.settimeout(0.5)
     sent = 0
@@ -115,13 +129,47 @@ def unread_answers(port: int, seconds: float) -> str:
     except TimeoutError:
         pass  # the server stopped reading: backpressure reached the client
     except OSError:
-        return f"closed after {sent} calls"
+        return f"{goaway_code(sock, 1)} after {sent} calls"
     sock.close()
     return f"server stopped reading after {sent} calls"
 
 
+HEALTH_CHECK_BLOCK = hpack.encode(
+    [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", b"/grpc.health.v1.Health/Check"),
+        (b":authority", b"kubelet"),
+        (b"content-type", b"application/grpc"),
+    ]
+)
+SERVING = b"\0\0\0\0\x02\x08\x01"  # HealthCheckResponse{status: SERVING}, framed
+
+
+def health_check(port: int) -> bool:
+    """What the kubelet's gRPC probe does: a new connection, one Health/Check; SERVING?"""
+    try:
+        sock = connect(port)
+        sock.sendall(
+            wire.frame(wire.HEADERS, wire.END_HEADERS, 1, HEALTH_CHECK_BLOCK)
+            + wire.frame(wire.DATA, wire.END_STREAM, 1, EMPTY_CALL)
+        )
+        sock.settimeout(1)
+        buffer = b""
+        while SERVING not in buffer and len(buffer) < 1 << 16:
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                break
+            buffer += chunk
+        sock.close()
+    except OSError:
+        return False
+    return SERVING in buffer
+
+
 def connection_flood(port: int, seconds: float) -> str:
-    """Open connections until refused (or 2000), hold them, count how many the server kept."""
+    """Open connections until refused (or 2000), hold them, count how many the server kept,
+    and whether a health check (the kubelet's gRPC probe) is served meanwhile."""
     held: list[socket.socket] = []
     deadline = time.monotonic() + seconds
     while len(held) < 2000 and time.monotonic() < deadline:
@@ -130,17 +178,14 @@ def connection_flood(port: int, seconds: float) -> str:
         except OSError:
             break
     time.sleep(0.5)
+    checked = health_check(port)
     alive = 0
-    for sock in held:
+    for sock in held:  # the server's preface read and dropped: open, or closed after it?
         sock.settimeout(0.01)
-        try:
-            alive += sock.recv(1, socket.MSG_PEEK) != b""
-        except TimeoutError:
-            alive += 1  # nothing to read yet, not closed
-        except OSError:
-            pass
+        alive += not _drained_to_eof(sock)
         sock.close()
-    return f"{alive} of {len(held)} connections kept"
+    served = "health check served" if checked else "health check NOT served"
+    return f"{alive} of {len(held)} connections kept; {served}"
 
 
 def slowloris(port: int, seconds: float) -> str:
@@ -191,6 +236,7 @@ ATTACKS: dict[str, Callable[[int, float], str]] = {
     "ping": lambda port, s: flood(port, s, ping),
     "settings": lambda port, s: flood(port, s, settings),
     "unread-answers": unread_answers,
+    "streams-over-limit": lambda port, s: unread_answers(port, s, window=False),
     "connections": connection_flood,
     "slowloris": slowloris,
     "big-metadata": big_metadata,

@@ -43,6 +43,24 @@ class Runtime:
         except OSError:
             return 0
 
+    def grpc_health(self, service: str) -> int:
+        """grpc.health.v1.Health/Check's status for ``service`` on a new connection, as the
+        kubelet's gRPC probe asks it (-1 if the call fails)."""
+        import grpc
+
+        from kiln_runtime.protocol import health
+
+        with grpc.insecure_channel(self.grpc_url) as channel:
+            call = channel.unary_unary(
+                "/grpc.health.v1.Health/Check",
+                request_serializer=health.HealthCheckRequest.SerializeToString,
+                response_deserializer=health.HealthCheckResponse.FromString,
+            )
+            try:
+                return int(call(health.HealthCheckRequest(service=service), timeout=5).status)
+            except grpc.RpcError:
+                return -1
+
     def metrics(self) -> str:
         connection = http.client.HTTPConnection(HOST, self.metrics_port, timeout=5)
         connection.request("GET", "/metrics")

@@ -49,6 +49,7 @@ def check(channel: grpc.Channel, service: str) -> int:
 def test_health_check_reports_serving_when_ready(channel: grpc.Channel) -> None:
     assert check(channel, "") == health.SERVING
     assert check(channel, "inference.GRPCInferenceService") == health.SERVING
+    assert check(channel, health.LIVENESS) == health.SERVING
     with pytest.raises(grpc.RpcError) as failed:
         check(channel, "no.such.Service")
     assert failed.value.code() == grpc.StatusCode.NOT_FOUND

@@ -16,6 +16,8 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
+from kiln_runtime.protocol import health
+
 from .conftest import ModelFactory
 from .runtime_process import running, start
 
@@ -53,6 +55,9 @@ def test_sigterm_turns_ready_off_at_once_and_finishes_accepted_work(
             runtime.process.send_signal(signal.SIGTERM)
             runtime.wait_for("/v2/health/ready", 503, seconds=2)
             assert runtime.status("/v2/health/live") == 200
+            # gRPC health agrees: not ready (the readiness it reports), live (the probe's)
+            assert runtime.grpc_health("") == health.NOT_SERVING
+            assert runtime.grpc_health(health.LIVENESS) == health.SERVING
             outcomes = [f.result(timeout=120) for f in futures]
         assert outcomes == ["ok"] * 12
         assert runtime.process.wait(60) == 0
@@ -112,7 +117,11 @@ def test_ready_stays_false_until_warm_up_is_done(tmp_path: Path) -> None:
     try:
         runtime.wait_for("/v2/health/live", 200, seconds=60)
         assert runtime.status("/v2/health/ready") == 503
+        assert runtime.grpc_health("") == health.NOT_SERVING  # gRPC health agrees
+        assert runtime.grpc_health("inference.GRPCInferenceService") == health.NOT_SERVING
+        assert runtime.grpc_health(health.LIVENESS) == health.SERVING
         runtime.wait_for("/v2/health/ready", 200, seconds=240)
+        assert runtime.grpc_health("") == health.SERVING
         warmup = [
             line for line in runtime.metrics().splitlines()
             if line.startswith("kiln_warmup_duration_seconds{")

@@ -10,7 +10,7 @@ import yaml
 
 from kiln_operator.api.v1alpha1 import InferenceService, InferenceServiceSpec
 from kiln_operator.api.v1alpha1.model import ModelFormat
-from kiln_operator.api.v1alpha1.runtime import OptimizationSpec
+from kiln_operator.api.v1alpha1.runtime import GrpcLimitsSpec, HttpLimitsSpec, OptimizationSpec
 from kiln_operator.api.validation import SpecError, parse_spec
 from kiln_operator.builders import build_runtime_config
 from kiln_runtime.config import FORMATS, MODES, PRECISIONS, ConfigError, parse_config
@@ -279,3 +279,50 @@ def test_models_are_immutable() -> None:
     spec = sample_spec("minimal")
     with pytest.raises(ValueError, match="frozen"):
         spec.runtime.image = "other"  # type: ignore[misc]
+
+
+def spec_with_limits(limits: dict[str, Any]) -> InferenceServiceSpec:
+    document = load_sample("minimal")["spec"]
+    document["runtime"] = {**document["runtime"], "limits": limits}
+    result = parse_spec("mlp", document)
+    assert isinstance(result, InferenceServiceSpec), result
+    return result
+
+
+def test_limits_left_out_render_no_section() -> None:
+    config = build_runtime_config(spec_with_limits({}), "mlp")
+    assert "http" not in config and "http2" not in config  # the runtime's defaults
+
+
+def test_limits_set_reach_the_runtime_which_accepts_them() -> None:
+    limits = {
+        "http": {"maxConnections": 10, "healthConnections": 0, "headerTimeoutSeconds": 5},
+        "grpc": {"maxConnections": 20, "healthConnections": 2, "resetsPerSecond": 50},
+    }
+    config = build_runtime_config(spec_with_limits(limits), "mlp")
+    assert config["http"] == limits["http"]  # only what is set
+    assert config["http2"] == limits["grpc"]
+    parsed = parse_config(config)
+    assert (parsed.http.max_connections, parsed.http.health_connections) == (10, 0)
+    assert parsed.http.header_timeout_seconds == 5.0
+    assert (parsed.http2.max_connections, parsed.http2.health_connections) == (20, 2)
+    assert parsed.http2.resets_per_second == 50.0
+
+
+@pytest.mark.parametrize("bound", ["ge", "le"])
+def test_every_limit_the_api_accepts_the_runtime_accepts(bound: str) -> None:
+    """Each field at its lowest and at its highest bound: a spec the operator admits never
+    crash-loops on a limit the runtime refuses."""
+    parts: dict[str, dict[str, int]] = {}
+    for part, model in (("http", HttpLimitsSpec), ("grpc", GrpcLimitsSpec)):
+        values = {}
+        for name, info in model.model_fields.items():
+            (value,) = [getattr(m, bound) for m in info.metadata if hasattr(m, bound)]
+            values[info.alias or name] = value
+        parts[part] = values
+    parts["grpc"]["processBufferBytes"] = max(  # its one cross-field rule
+        parts["grpc"]["processBufferBytes"], parts["grpc"]["connectionBufferBytes"]
+    )
+    config = build_runtime_config(spec_with_limits(parts), "mlp")
+    assert set(config["http"]) == set(parts["http"])
+    parse_config(config)  # raises ConfigError on a refused value or an unknown key

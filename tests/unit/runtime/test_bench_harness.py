@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import loadgen, proc, report
+from bench import abuse_page, loadgen, proc, report
 from kiln_runtime.protocol.rest import decode_infer
 
 STAT = "4242 (a (weird) name) S 17 4242 4242 0 -1 4194560 100 0 0 0 {u} {s} 0 0 20 0 3 0"
@@ -157,3 +157,20 @@ def test_a_client_is_saturated_from_ninety_percent(value: float) -> None:
     bold = "**" in report.load_table(measured, "mlp")[2]
 
     assert bold == (value >= report.SATURATED_CLIENT)
+
+
+def test_the_abuse_page_has_both_ports_tables_and_judges_the_probe_target() -> None:
+    measured = {"probes": 174, "probe_failures": 0}
+    http = {"attack": "131 MB header", "result": "431", "start_rss_mib": 569,
+            "peak_rss_mib": 571, "probe_p99_ms": 17.7, **measured}  # fmt: skip
+    grpc = {"port": "grpc", "attack": "ping", "result": "goaway 11", "peak_rss_mib": 0.0,
+            "probe_p99_ms": 6.0, "probes": 300, "probe_failures": 0, "load": 1.5}  # fmt: skip
+    slow = {**grpc, "attack": "unread-answers", "probe_p99_ms": 61.0}
+    runs = [slow, {**slow, "probe_p99_ms": 12.0}, {**slow, "probe_p99_ms": 70.0}]
+    page = abuse_page.render([http, grpc, *runs], "2026-11-26")
+    assert "## Abuse (HTTP/1.1, MLP)" in page and "## Abuse (HTTP/2, the gRPC port)" in page
+    assert "| 131 MB header | 571 MiB (569 MiB) | 17.7 ms (174, 0) | 431 |" in page
+    assert "| PING flood | goaway 11 | 0.0 MiB | 6.0 ms (300, 0) | 1.5 | ok |" in page
+    unread = next(line for line in page.splitlines() if "never read (windows" in line)
+    assert "61.0 / 12.0 / 70.0 ms (900, 0)" in unread and "over the 50 ms target" in unread
+    assert "goaway 11" not in report.abuse_section([grpc])  # each table its own port's rows

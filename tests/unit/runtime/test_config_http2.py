@@ -27,11 +27,17 @@ def test_limits_are_read_and_written_back() -> None:
     assert parse_config(to_document(config)) == config
 
 
+def test_the_health_budget_may_be_zero() -> None:
+    assert parse_config(document(healthConnections=0)).http2.health_connections == 0
+    assert Http2Limits().health_connections == 32
+
+
 @pytest.mark.parametrize(
     ("section", "message"),
     [
         ({"maxConnections": 0}, "http2.maxConnections"),
         ({"maxConnections": 1.5}, "http2.maxConnections"),
+        ({"healthConnections": -1}, "http2.healthConnections"),
         ({"idleTimeoutSeconds": 0}, "http2.idleTimeoutSeconds"),
         ({"maxConnection": 3}, "http2: unknown key"),
         ({"maxHeaderListSize": 2 << 20}, "http2.maxHeaderListSize"),

@@ -250,3 +250,19 @@ async def test_calls_the_method_answers_are_not_told_as_refused() -> None:
     other = Request(1, {b":path": b"/pkg.Svc/Other"}, headers_too_large=True)
     assert status(await answering.handle(other))[0] == 8  # not this method's call
     assert heard == []
+
+
+async def test_a_call_refused_for_its_connection_is_unavailable_and_counted_overloaded() -> None:
+    """A connection admitted past maxConnections may only check health (the transport marks
+    its other calls): UNAVAILABLE, and the method hears of it as ``overloaded``."""
+    heard: list[str] = []
+    methods = {
+        "ModelReady": UnaryMethod(
+            service_pb2.ModelReadyRequest, model_ready, lambda code, _: heard.append(code)
+        )
+    }
+    served = GrpcService("inference.GRPCInferenceService", methods, max_message=1000)
+    body = framed(service_pb2.ModelReadyRequest(name="mlp"))
+    code, message = status(await served.handle(request(body, over_capacity=True)))
+    assert (code, heard) == (14, ["overloaded"])
+    assert "grpc.health.v1.Health/Check" in message

@@ -23,7 +23,7 @@ import pytest
 from kiln_runtime.config import Http2Limits
 from kiln_runtime.protocol import hpack
 from kiln_runtime.protocol.http2 import wire
-from kiln_runtime.protocol.http2.budgets import MemoryBudget
+from kiln_runtime.protocol.http2.budgets import HealthReserve, MemoryBudget
 from kiln_runtime.protocol.http2.connection import AGE_GOAWAY_GAP_SECONDS, Http2Connection
 from kiln_runtime.protocol.http2.messages import (
     AnswersEarly,
@@ -158,9 +158,11 @@ class Harness:
         limits: Http2Limits | None = None,
         answers_early: AnswersEarly | None = None,
         streaming: Streaming | None = None,
+        health: HealthReserve | None = None,
     ) -> None:
         limits = limits or Http2Limits()
         self.budget = MemoryBudget(limits.process_buffer_bytes)
+        self.health = health or HealthReserve()
 
         async def recording(request: Request) -> Response:
             self.requests.append(request)
@@ -177,6 +179,7 @@ class Harness:
                 budget=self.budget,
                 answers_early=answers_early,
                 streaming=streaming,
+                health=self.health,
             ),
             "127.0.0.1",
             0,

@@ -20,6 +20,7 @@ import pytest
 from kiln_runtime.config import Http2Limits
 from kiln_runtime.protocol import hpack
 from kiln_runtime.protocol.http2 import connection, wire
+from kiln_runtime.protocol.http2.budgets import HealthReserve
 from kiln_runtime.protocol.http2.messages import Request, Response
 from kiln_runtime.protocol.http2.receiving import CALLS_PER_TURN
 from kiln_runtime.protocol.http2.settings import CONNECTION_WINDOW
@@ -142,7 +143,7 @@ async def test_a_budget_refills_with_time(harness: Harness) -> None:
 
 
 async def test_connections_over_the_limit_are_refused_at_accept(harness: Harness) -> None:
-    await harness.serve(limits=Http2Limits(max_connections=2))
+    await harness.serve(limits=Http2Limits(max_connections=2, health_connections=0))
     first = await harness.connect(H2Client)
     await harness.connect(H2Client)
     await first.events_until(has(h2.events.RemoteSettingsChanged))
@@ -156,6 +157,72 @@ async def test_connections_over_the_limit_are_refused_at_accept(harness: Harness
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.01)
     await probe(harness)
+
+
+HEALTH = b"/health"
+
+
+async def over_capacity_marked(request: Request) -> Response:
+    """Echo, but a call refused for its connection answers ``refused``."""
+    if request.over_capacity:
+        return Response(OK, b"refused", TRAILERS)
+    return await echo(request)
+
+
+async def answered(client: H2Client, path: bytes) -> tuple[bytes, list[h2.events.Event]]:
+    sid = client.request(path, b"x")
+    events = await client.events_until(has(h2.events.StreamEnded, sid))
+    return body(events, sid), events
+
+
+async def test_past_the_cap_a_connection_may_only_check_health(harness: Harness) -> None:
+    """The kubelet's gRPC probe is served while clients hold every connection: a connection
+    past ``max_connections`` is admitted on the health budget, its health check answered; any
+    other call on it is refused and the connection told to go away."""
+    limits = Http2Limits(max_connections=1, health_connections=1)
+    await harness.serve(
+        over_capacity_marked, limits=limits, health=HealthReserve(frozenset({HEALTH}))
+    )
+    busy = await harness.connect(H2Client)
+    assert (await answered(busy, b"/infer"))[0] == b"/infer x"  # within the cap: anything
+
+    prober = await harness.connect(H2Client)
+    assert (await answered(prober, HEALTH))[0] == HEALTH + b" x"
+    assert (await answered(prober, HEALTH))[0] == HEALTH + b" x"  # the connection lives on
+    assert (await answered(prober, b"/infer"))[0] == b"refused"
+    events = await prober.events_until(has(h2.events.ConnectionTerminated))
+    assert next(e for e in events if isinstance(e, h2.events.ConnectionTerminated)).error_code == 0
+    await prober.frames_until(None)  # and closed
+    assert (await answered(busy, b"/infer"))[0] == b"/infer x"  # the capped one is untouched
+
+
+async def test_when_the_health_budget_is_full_the_oldest_idle_one_makes_room(
+    harness: Harness,
+) -> None:
+    limits = Http2Limits(max_connections=1, health_connections=2)
+    await harness.serve(
+        over_capacity_marked, limits=limits, health=HealthReserve(frozenset({HEALTH}))
+    )
+    await answered(await harness.connect(H2Client), b"/infer")
+    oldest = await harness.connect(Peer)  # idle: a preface and nothing more
+    oldest.write(RAW_START)
+    await oldest.frames_until(lambda frames: any(f[0] == wire.SETTINGS for f in frames))
+    busy = await harness.connect(Peer)  # an open stream: serving a call, never dropped
+    busy.write(RAW_START + open_stream(1, HEALTH))
+    await busy.frames_until(lambda frames: any(f[0] == wire.SETTINGS for f in frames))
+    assert len(harness.health.connections) == 2  # both made (their prefaces came)
+
+    newest = await harness.connect(H2Client)  # the budget is full: the idle one goes
+    assert (await answered(newest, HEALTH))[0] == HEALTH + b" x"
+    await oldest.frames_until(None)  # closed by the server
+    assert not busy.writer.is_closing()
+    assert len(harness.connections) == 3  # one within the cap, two on the health budget
+
+    newest.request(HEALTH, b"x", end=False)  # a call in progress on each: none is idle
+    await asyncio.sleep(0.05)
+    refused = await harness.connect(Peer)  # refused at accept
+    refused.write(RAW_START)
+    assert await refused.frames_until(None) == []
 
 
 async def test_an_idle_connection_is_closed(harness: Harness, fast_ticks: None) -> None:
@@ -437,6 +504,51 @@ async def test_a_burst_of_calls_is_started_over_several_turns_and_all_answered(
     frames = await peer.frames_until(lambda frames: set(calls) <= trailers_seen(frames))
     assert sum(f[0] == wire.DATA for f in frames) == len(calls)
     assert len(turns) >= 3  # at most CALLS_PER_TURN started per turn
+
+
+async def test_calls_with_bodies_start_at_most_calls_per_turn_in_any_turn(
+    harness: Harness,
+) -> None:
+    """A body's DATA frame may resume reading mid-parse; that must not schedule a second parse
+    in the next turn (each would start CALLS_PER_TURN calls, and the next turn four...)."""
+    started: dict[int, int] = {}
+    loop_turn = [0]
+
+    def tick() -> None:
+        loop_turn[0] += 1
+        if len(harness.requests) < len(calls):
+            asyncio.get_running_loop().call_soon(tick)
+
+    async def handler(request: Request) -> Response:
+        started[loop_turn[0]] = started.get(loop_turn[0], 0) + 1
+        return await echo(request)
+
+    calls = [2 * i + 1 for i in range(8 * CALLS_PER_TURN)]
+    tick()
+    await harness.serve(handler, limits=Http2Limits(max_concurrent_streams=len(calls)))
+    peer = await harness.connect(Peer)
+    peer.write(
+        RAW_START
+        + b"".join(
+            open_stream(sid, b"/burst") + wire.frame(wire.DATA, wire.END_STREAM, sid, b"x")
+            for sid in calls
+        )
+    )
+    await peer.frames_until(lambda frames: set(calls) <= trailers_seen(frames))
+    assert max(started.values()) <= CALLS_PER_TURN
+
+
+async def test_a_client_opening_streams_past_the_limit_is_cut_off(harness: Harness) -> None:
+    """A client that never reads its answers never learns its streams closed, and may open
+    streams past the concurrency limit at full speed: refused, then budgeted like resets."""
+    await harness.serve(limits=Http2Limits(max_concurrent_streams=2, resets_per_second=2))
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START + b"".join(open_stream(2 * i + 1) for i in range(100)))
+    frames = await peer.frames_until(None)
+    refused = [f for f in frames if f[0] == wire.RST_STREAM]
+    assert 10 <= len(refused) <= 30  # a burst of 20, then GOAWAY
+    assert goaway(frames)[1] == CALM
+    await probe(harness)
 
 
 async def test_an_answer_larger_than_the_budget_still_reaches_a_client_that_opens_its_window(

@@ -60,6 +60,110 @@ class ConnectionsSpec(ApiModel):
     """How long calls still running on an aged connection may take before it is closed."""
 
 
+Seconds = Annotated[int | None, Field(ge=1, le=86_400)]
+MIB = 1 << 20
+GRPC_CONNECTION_BUFFER_DEFAULT = 64 * MIB  # the runtime's defaults (its Http2Limits)
+GRPC_PROCESS_BUFFER_DEFAULT = 512 * MIB
+
+
+class HttpLimitsSpec(ApiModel):
+    """What one client may cost the HTTP/1.1 port (8000). Each field left out keeps the runtime's
+    default; what a client sees when it trips a limit is in docs/runtime.md ("HTTP/1.1 limits
+    and hardening")."""
+
+    max_connections: Annotated[int | None, Field(ge=1, le=1_000_000)] = None
+    """Connections the port serves at once (runtime default 1024); past it and the health
+    budget a new connection gets 503 and is closed."""
+    health_connections: Annotated[int | None, Field(ge=0, le=1024)] = None
+    """Connections admitted past maxConnections for /v2/health/* only, so the kubelet's probes
+    are always answered (default 32; 0: none)."""
+    max_header_bytes: Annotated[int | None, Field(ge=1024, le=16 * MIB)] = None
+    """Largest request line plus headers, in bytes (default 65536); larger: 431."""
+    header_timeout_seconds: Seconds = None
+    """Seconds a request's headers may take to arrive (default 10); later: 408."""
+    body_timeout_seconds: Seconds = None
+    """Seconds a request's body may take after its headers (default 60); later: 408."""
+    keep_alive_timeout_seconds: Seconds = None
+    """Seconds an idle keep-alive connection is kept (default 75)."""
+    write_timeout_seconds: Seconds = None
+    """Seconds a client may read nothing of its answers before it is disconnected (default 60)."""
+    max_pipelined_requests: Annotated[int | None, Field(ge=1, le=1024)] = None
+    """Pipelined requests waiting on one connection before the server stops reading it
+    (default 16)."""
+    connection_buffer_bytes: Annotated[int | None, Field(ge=64 << 10, le=1024 * MIB)] = None
+    """Request and unread answer bytes one connection may hold (default 4 MiB)."""
+    process_buffer_bytes: Annotated[int | None, Field(ge=MIB, le=64 << 30)] = None
+    """The same summed over every connection (default 1 GiB); keep it well under the pod's
+    memory limit. A body that would exceed it gets 503."""
+    max_decompressed_bytes: Annotated[int | None, Field(ge=0, le=4 << 30)] = None
+    """Largest size a gzip/deflate request body may inflate to (default 0: the largest request
+    body the model accepts); past it: 400."""
+    off_loop_decode_bytes: Annotated[int | None, Field(ge=0, le=1024 * MIB)] = None
+    """Bodies at least this large are parsed in a worker thread, off the event loop
+    (default 262144)."""
+
+
+class GrpcLimitsSpec(ApiModel):
+    """What one client may cost the gRPC port (8001, HTTP/2). Each field left out keeps the
+    runtime's default; what a client sees when it trips a limit is in docs/runtime.md ("The gRPC
+    port: limits and hardening")."""
+
+    max_connections: Annotated[int | None, Field(ge=1, le=1_000_000)] = None
+    """Connections the port serves at once (runtime default 1024); past it and the health
+    budget a new connection is closed at accept."""
+    health_connections: Annotated[int | None, Field(ge=0, le=1024)] = None
+    """Connections admitted past maxConnections for grpc.health.v1.Health/Check only, so the
+    kubelet's gRPC probes are always answered (default 32; 0: none)."""
+    max_concurrent_streams: Annotated[int | None, Field(ge=1, le=65_536)] = None
+    """Calls one connection may have open at once (default 128); more are refused."""
+    max_header_list_size: Annotated[int | None, Field(ge=1024, le=MIB)] = None
+    """Largest request metadata (header list), in bytes (default 16384); larger fails its call
+    with RESOURCE_EXHAUSTED."""
+    connection_buffer_bytes: Annotated[int | None, Field(ge=64 << 10, le=4096 * MIB)] = None
+    """Request and unsent answer bytes one connection may hold (default 64 MiB, raised to the
+    largest request plus 1 MiB)."""
+    process_buffer_bytes: Annotated[int | None, Field(ge=MIB, le=64 << 30)] = None
+    """The same summed over every connection (default 512 MiB; at least connectionBufferBytes);
+    keep it well under the pod's memory limit."""
+    idle_timeout_seconds: Seconds = None
+    """Seconds a connection with no open call is kept (default 300); then GOAWAY."""
+    header_timeout_seconds: Seconds = None
+    """Seconds a connection's preface, and each header block, may take (default 10)."""
+    body_timeout_seconds: Seconds = None
+    """Seconds a request body may take after its headers (default 60); later the call is
+    cancelled."""
+    resets_per_second: Annotated[int | None, Field(ge=1, le=100_000)] = None
+    """Calls a client may cancel, or open past maxConcurrentStreams, per second, with a burst of
+    ten seconds' worth (default 100; rapid reset, CVE-2023-44487); more: GOAWAY."""
+    empty_frames_per_second: Annotated[int | None, Field(ge=1, le=100_000)] = None
+    """Empty DATA/CONTINUATION frames per second, burst ten seconds' worth (default 10)."""
+    control_frames_per_second: Annotated[int | None, Field(ge=1, le=100_000)] = None
+    """PING and SETTINGS frames per second, burst ten seconds' worth (default 100)."""
+
+    @model_validator(mode="after")
+    def _process_holds_a_connection(self) -> "GrpcLimitsSpec":
+        connection = self.connection_buffer_bytes or GRPC_CONNECTION_BUFFER_DEFAULT
+        process = self.process_buffer_bytes or GRPC_PROCESS_BUFFER_DEFAULT
+        if process < connection:
+            raise ValueError(
+                f"processBufferBytes ({process}) is less than connectionBufferBytes "
+                f"({connection}): the runtime refuses it (unset fields are the runtime's "
+                "defaults, 512 MiB and 64 MiB)"
+            )
+        return self
+
+
+class LimitsSpec(ApiModel):
+    """What one client may cost each port of the runtime: connections, time, memory, floods.
+    The runtime's defaults suit most services; raise them for many clients, lower them to fit a
+    small memory limit."""
+
+    http: HttpLimitsSpec = HttpLimitsSpec()
+    """The HTTP/1.1 port's limits."""
+    grpc: GrpcLimitsSpec = GrpcLimitsSpec()
+    """The gRPC port's limits."""
+
+
 class RuntimeSpec(ApiModel):
     """The serving container."""
 
@@ -73,3 +177,5 @@ class RuntimeSpec(ApiModel):
     """Dynamic batching limits."""
     connections: ConnectionsSpec = ConnectionsSpec()
     """gRPC connection lifetime, so long-lived clients spread over new replicas."""
+    limits: LimitsSpec = LimitsSpec()
+    """Per-port bounds on what clients may cost (connections, timeouts, buffers, floods)."""

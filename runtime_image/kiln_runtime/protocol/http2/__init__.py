@@ -12,7 +12,8 @@ passes in full). It serves prior-knowledge cleartext HTTP/2 (``h2c``), which is 
 clients speak without TLS. Streamed calls (``Streaming``: health Watch, reflection) are handed
 on from their headers, their body as it arrives, and may send data before their end.
 
-Every input is bounded (``config.Http2Limits``): connections per port, the header list (a list
+Every input is bounded (``config.Http2Limits``): connections per port (with a budget kept for
+health checks, so the kubelet's gRPC probe is always served), the header list (a list
 over the limit fails its own stream, not the connection), memory held per connection and per
 process for request bodies and unsent responses, the time a preface, a header block, a body
 or an idle connection may take, and flood budgets for resets, empty frames and control

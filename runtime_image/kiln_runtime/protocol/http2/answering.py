@@ -64,6 +64,11 @@ class Answering(ConnectionState):
             return
         stream.task = None
         self._respond(stream, response)
+        if stream.request.over_capacity:  # refused: the client is to go elsewhere
+            self._goaway(NO_ERROR)
+            if not self._streams and self._transport is not None:
+                self._flush()
+                self._transport.close()
         self._flush()
 
     def _respond(self, stream: Stream, response: Response) -> None:

@@ -51,6 +51,29 @@ class MemoryBudget:
         self._waiting.discard(connection)
 
 
+class HealthReserve:
+    """The connections a port admits past ``maxConnections`` for health checks only.
+
+    So that the kubelet's gRPC probe is served even when clients hold every connection:
+    ``healthConnections`` more are admitted, each limited to ``paths`` (other calls on it are
+    refused and the connection told to go away); when those are full too, the oldest one not
+    serving anything is dropped to admit the new one. Shared by a port's connections, oldest
+    first (a dict keeps insertion order).
+    """
+
+    def __init__(self, paths: frozenset[bytes] = frozenset()) -> None:
+        self.paths = paths
+        self.connections: dict[ConnectionState, None] = {}
+
+    def evict_idle(self) -> bool:
+        """Drop the oldest health-budget connection with no open stream; False if none."""
+        for connection in self.connections:
+            if connection.idle:
+                connection.evict()
+                return True
+        return False
+
+
 class FloodBudget:
     """A token bucket: ``rate`` events a second, a burst of ``FLOOD_BURST_SECONDS`` of them."""
 

@@ -2,10 +2,12 @@
 
 Why it exists: this is the face of the package, the object ``grpcserver`` creates per accepted
 socket. It is the top layer of the connection (see ``state`` for the layers): it refuses a
-connection over ``Http2Limits.max_connections`` at accept, sends the server preface, feeds the
-socket's bytes to ``receiving``, pauses and resumes with the socket's buffers, checks the
-preface, header, body and idle timeouts once a tick, and ends the connection with GOAWAY: on
-shutdown, on a protocol error, and at its maximum age (gRPC's MAX_CONNECTION_AGE).
+connection over ``Http2Limits.max_connections`` at accept (past it, admits
+``health_connections`` more for health checks only: ``budgets.HealthReserve``), sends the
+server preface, feeds the socket's bytes to ``receiving``, pauses and resumes with the
+socket's buffers, checks the preface, header, body and idle timeouts once a tick, and ends the
+connection with GOAWAY: on shutdown, on a protocol error, and at its maximum age (gRPC's
+MAX_CONNECTION_AGE).
 """
 
 from __future__ import annotations
@@ -46,10 +48,15 @@ class Http2Connection(Receiving):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        if len(self._connections) >= self._limits.max_connections:
+        limits = self._limits
+        full = len(self._connections) >= limits.max_connections + limits.health_connections
+        if full and not (limits.health_connections and self._health.evict_idle()):
             log.warning("refused a connection: %d open", len(self._connections))
             transport.abort()  # refused at accept: no preface, no memory
             return
+        self._health_only = len(self._connections) >= limits.max_connections
+        if self._health_only:
+            self._health.connections[self] = None
         self._transport = transport
         self._connections.add(self)
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
@@ -63,6 +70,7 @@ class Http2Connection(Receiving):
         for timer in self._timers:
             timer.cancel()
         self._connections.discard(self)
+        self._health.connections.pop(self, None)
         self._budget.forget(self)
         self._transport = None
         for stream in self._streams.values():
@@ -109,6 +117,7 @@ class Http2Connection(Receiving):
 
     def _fail(self, error: ProtocolViolation) -> None:
         log.info("HTTP/2 connection error %d: %s", error.code, error)
+        self._buffer.clear()  # the connection is over: nothing after the error is parsed
         self._goaway(error.code, str(error).encode()[:256])
         self._flush()
         if self._transport is not None:

@@ -56,6 +56,9 @@ class Request:
     too_large: bool = False  # the body passed the limit; what arrived of it was dropped
     # the header list passed the limit: ``headers`` holds at most its ``:path``
     headers_too_large: bool = False
+    # a call its connection may not make: admitted past ``maxConnections`` on the health
+    # budget, it may only call the health paths (``HealthReserve``); answered at once, refused
+    over_capacity: bool = False
     # A streamed request (``Streaming``) is handed on from its headers: ``chunks`` grows as its
     # body arrives (``arrived`` is set each time), ``ended`` once the client half-closed, and
     # ``send(headers, data)`` writes answer data before the final Response (False: the

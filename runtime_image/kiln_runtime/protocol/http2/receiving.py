@@ -69,6 +69,7 @@ class Receiving(Answering):
 
     def _next_turn(self) -> None:
         """Parse what a previous turn left (``CALLS_PER_TURN``), then read the socket again."""
+        self._parse_scheduled = False
         self._backlog = False
         if self._transport is not None:
             self.data_received(b"")
@@ -103,7 +104,7 @@ class Receiving(Answering):
                 break  # what is left stays buffered until the peer reads again
             if self._turn_calls >= CALLS_PER_TURN and end - pos >= 9:
                 self._backlog = True  # the rest in a later turn, after other connections
-                self._loop.call_soon(self._next_turn)
+                self._schedule_parse()
                 self._update_reading()
                 break
         del buffer[:pos]
@@ -305,11 +306,21 @@ class Receiving(Answering):
         if flags & SELF_DEPENDENT or (not oversized and malformed(fields)):
             self._stream_error(stream_id, PROTOCOL_ERROR)
             return
-        if self._going_away or len(self._streams) >= self._limits.max_concurrent_streams:
+        if self._going_away:
+            self._stream_error(stream_id, REFUSED_STREAM)
+            return
+        if len(self._streams) >= self._limits.max_concurrent_streams:
+            # A client over the limit it was told: refusing costs the server a header block's
+            # decoding and the client nothing; one that never reads its answers (so never
+            # learns its streams closed) opens streams this way at full speed. Budgeted with
+            # the resets: either is a stream opened for no call.
+            self._flood(self._resets, "streams over the concurrency limit")
             self._stream_error(stream_id, REFUSED_STREAM)
             return
         headers = dict(fields)
         request = Request(stream_id, headers, headers_too_large=oversized)
+        if self._health_only and headers.get(b":path") not in self._health.paths:
+            request.over_capacity = True  # refused by the handler; then GOAWAY
         stream = Stream(request, send_window=self._peer_window, opened=self._loop.time())
         length = headers.get(b"content-length")
         if length is not None:
@@ -331,6 +342,7 @@ class Receiving(Answering):
         elif (
             request.arrived is not None
             or oversized
+            or request.over_capacity
             or (self._answers_early is not None and self._answers_early(headers))
         ):
             self._dispatch(stream)  # answered at once; the body that follows is discarded

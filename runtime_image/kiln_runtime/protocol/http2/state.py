@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from kiln_runtime.config import Http2Limits
 from kiln_runtime.protocol import hpack
-from kiln_runtime.protocol.http2.budgets import FloodBudget, MemoryBudget
+from kiln_runtime.protocol.http2.budgets import FloodBudget, HealthReserve, MemoryBudget
 from kiln_runtime.protocol.http2.messages import AnswersEarly, Handler, Request, Streaming
 from kiln_runtime.protocol.http2.settings import CONNECTION_WINDOW
 from kiln_runtime.protocol.http2.wire import (
@@ -79,6 +79,7 @@ class ConnectionState(asyncio.Protocol):
         budget: MemoryBudget | None = None,
         answers_early: AnswersEarly | None = None,
         streaming: Streaming | None = None,
+        health: HealthReserve | None = None,
     ) -> None:
         limits = limits or Http2Limits()
         self._handler = handler
@@ -90,6 +91,8 @@ class ConnectionState(asyncio.Protocol):
         self._timers: list[asyncio.TimerHandle] = []
         self._max_body = max_body
         self._connections = connections
+        self._health = health or HealthReserve()
+        self._health_only = False  # admitted on the health budget: health checks only
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._buffer = bytearray()
@@ -119,6 +122,7 @@ class ConnectionState(asyncio.Protocol):
         self._read_paused = False
         self._turn_calls = 0  # calls started in this turn's parse
         self._backlog = False  # frames left unparsed for the next turn
+        self._parse_scheduled = False  # a parse of the buffer is due next turn
         self._resets = FloodBudget(limits.resets_per_second)
         self._empty_frames = FloodBudget(limits.empty_frames_per_second)
         self._control_frames = FloodBudget(limits.control_frames_per_second)
@@ -127,6 +131,18 @@ class ConnectionState(asyncio.Protocol):
         self._out: list[bytes] = []  # frames to send, written together by _flush
         self._going_away = False
         self.closed = self._loop.create_future()
+
+    @property
+    def idle(self) -> bool:
+        """No stream is open: dropping the connection interrupts no call."""
+        return not self._streams
+
+    def evict(self) -> None:
+        """Drop the connection at once to admit another (``HealthReserve.evict_idle``)."""
+        self._connections.discard(self)
+        self._health.connections.pop(self, None)
+        if self._transport is not None:
+            self._transport.abort()
 
     # memory ----------------------------------------------------------------------------------
 
@@ -165,7 +181,19 @@ class ConnectionState(asyncio.Protocol):
             self._transport.resume_reading()
             self._read_paused = False
             if self._buffer:  # frames that arrived before the pause
-                self._loop.call_soon(self.data_received, b"")
+                self._schedule_parse()
+
+    def _schedule_parse(self) -> None:
+        """Parse the buffer in the next turn, once however often it is asked for in this one:
+        each parse may start ``CALLS_PER_TURN`` calls, so two in one turn would double a
+        flood's share of the event loop (and four in the next, and so on)."""
+        if not self._parse_scheduled:
+            self._parse_scheduled = True
+            self._loop.call_soon(self._next_turn)
+
+    @abc.abstractmethod
+    def _next_turn(self) -> None:
+        """Parse what the buffer holds (``receiving``)."""
 
     def _reopen_window(self) -> None:
         """Give the peer back connection window for what was consumed, within the budgets."""
