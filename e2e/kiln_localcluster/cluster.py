@@ -127,6 +127,8 @@ class LocalCluster:
             info = self._start(bin_dir, table)
         except BaseException:
             _say("start failed: stopping what was started")
+            if self.node_paths.processes.exists():  # the node got that far
+                node.teardown(self.node_paths, resolve_binaries("node"))
             table.stop_all()
             self._release_ranges()
             raise

@@ -73,9 +73,24 @@ def wait_started(process: Started, ready: Callable[[], bool], *, timeout: float)
             return "exited"
         return "ready" if ready() else None
 
-    outcome = wait_for(check, timeout=timeout, interval=0.2, description=f"{process.name} ready")
+    try:
+        outcome = wait_for(
+            check, timeout=timeout, interval=0.2, description=f"{process.name} ready"
+        )
+    except TimeoutError as error:  # say what the process last said (e.g. a lock it waits for)
+        raise TimeoutError(f"{error}; its log {process.log} ends: {_last_line(process.log)}") from (
+            error
+        )
     if outcome == "exited":
         raise RuntimeError(f"{process.name} exited during start; see {process.log}")
+
+
+def _last_line(log: str) -> str:
+    try:
+        lines = Path(log).read_text(errors="replace").strip().splitlines()
+    except OSError as error:
+        return f"(unreadable: {error})"
+    return lines[-1][:500] if lines else "(empty)"
 
 
 def free_ports(count: int) -> list[int]:
