@@ -60,6 +60,7 @@ SELF_DEPENDENT = 0x100  # not on the wire: marks a HEADERS whose priority names 
 # Calls one connection may start per event-loop turn: the rest of what it sent waits for the
 # next turn (its socket unread meanwhile), so other connections' calls interleave with a flood.
 CALLS_PER_TURN = 32
+CHECKED_HEADER_LISTS = 16  # header lists remembered as checked, per connection
 
 
 class Receiving(Answering):
@@ -302,13 +303,14 @@ class Receiving(Answering):
             self._closed_stream(stream_id, "HEADERS")
             return  # a stream this server reset: its late frames are ignored
         self._last_stream_id = stream_id
-        if flags & SELF_DEPENDENT or (not oversized and malformed(fields)):
+        checked = None if oversized else self._check(fields)
+        if flags & SELF_DEPENDENT or (checked is not None and checked[0]):
             self._stream_error(stream_id, PROTOCOL_ERROR)
             return
         if self._going_away or len(self._streams) >= self._limits.max_concurrent_streams:
             self._stream_error(stream_id, REFUSED_STREAM)
             return
-        headers = dict(fields)
+        headers = checked[1] if checked is not None else dict(fields)
         request = Request(stream_id, headers, headers_too_large=oversized)
         stream = Stream(request, send_window=self._peer_window, opened=self._loop.time())
         length = headers.get(b"content-length")
@@ -334,6 +336,19 @@ class Receiving(Answering):
             or (self._answers_early is not None and self._answers_early(headers))
         ):
             self._dispatch(stream)  # answered at once; the body that follows is discarded
+
+    def _check(
+        self, fields: tuple[tuple[bytes, bytes], ...]
+    ) -> tuple[str | None, dict[bytes, bytes]]:
+        """Why a request's header list is malformed (or None), and the list as a dict; a list
+        seen before on this connection is not checked again (the dict is shared: handlers
+        only read it)."""
+        known = self._checked.get(fields)
+        if known is None:
+            if len(self._checked) >= CHECKED_HEADER_LISTS:
+                self._checked.clear()
+            known = self._checked[fields] = (malformed(fields), dict(fields))
+        return known
 
     # SETTINGS, WINDOW_UPDATE, RST_STREAM -----------------------------------------------------
 
@@ -389,7 +404,8 @@ class Receiving(Answering):
             if stream.send_window > MAX_WINDOW:
                 self._reset(stream, FLOW_CONTROL_ERROR)
                 return
-        self._send_blocked()
+        if self._blocked:  # grpcio sends one or two per answer: most find nothing waiting
+            self._send_blocked()
 
     def _on_rst_stream(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
