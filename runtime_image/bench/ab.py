@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import loadgen, servers
-from bench.run import CLIENT_CORE, PATHS, SERVER_CORE, steal_seconds
+from bench.run import CLIENT_CORE, PATHS, SERVER_CORE, raw_forward, steal_seconds
 from kiln_runtime.examples import example_input, write_example
 
 MINIMAL_SECTIONS = ("model", "optimization", "batching", "warmup")
@@ -106,6 +106,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument(
+        "--raw-forward", action="store_true",
+        help="time the raw batch-16 forward (bench.raw_forward) before and after the rounds "
+        "and print each run's throughput as a share of it (the transformer's target)",
+    )  # fmt: skip
+    parser.add_argument(
         "--minimal-config", action="store_true",
         help="keep only the config sections every runtime version knows (older ones refuse "
         "sections added after them)",
@@ -113,7 +118,8 @@ def main() -> None:
     args = parser.parse_args()
     variants = [(n, Path(d).resolve()) for n, d in (v.split("=", 1) for v in args.variant)]
     os.sched_setaffinity(0, {CLIENT_CORE})
-    optimization = {"precision": args.precision} if args.precision != "fp32" else {}
+    int8 = args.precision == "int8"
+    optimization = {"precision": args.precision} if int8 else {}
     x = example_input(args.model, 1).numpy()
     results: dict[tuple[str, str, int], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
@@ -129,6 +135,10 @@ def main() -> None:
             running[name] = stack.enter_context(
                 servers.kiln(model_dir, args.model, SERVER_CORE, log, optimization, code=code)
             )
+        raw_rows: list[float] = []  # the raw batch-16 forward's rows/s, before and after
+        if args.raw_forward:
+            seconds16 = raw_forward(model_dir / "model.pt", args.model, int8, [16])["16"]
+            raw_rows.append(16 / seconds16)
         for server in running.values():  # connections made, first batches run
             for path in args.paths:
                 one_run(server, args.model, x, path, clients=max(args.concurrency), seconds=1.0)
@@ -151,6 +161,17 @@ def main() -> None:
                             f"load {run['load']:.1f} errors {run['errors']:.0f}",
                             flush=True,
                         )
+        if args.raw_forward:
+            seconds16 = raw_forward(model_dir / "model.pt", args.model, int8, [16])["16"]
+            raw_rows.append(16 / seconds16)
+    if raw_rows:
+        raw16 = statistics.mean(raw_rows)
+        print(
+            f"\nraw batch-16 forward (before, after): {raw_rows[0]:.1f}, {raw_rows[1]:.1f} rows/s"
+        )
+        for (name, path, clients), runs in results.items():
+            shares = ", ".join(f"{r['throughput'] / raw16:.3f}" for r in runs)
+            print(f"{name} {path} c={clients}: x raw forward per round {shares}")
     print("\nmedians over the rounds:")
     print(
         "| variant | path | clients | req/s | p50 ms | server µs/req | batch | batch ms | steal |"

@@ -11,9 +11,9 @@ goes to the category of its innermost frame that names one (``CATEGORIES``).
 
     cd runtime_image && python -m bench.profile --out ../docs/benchmarks [--seconds 10]
 
-Writes ``profile-<name>.svg`` per profile and ``runtime-profile.json`` (the breakdowns, each
-run's throughput and server CPU per request). ``bench.run --profile`` does the same at the end
-of a benchmark run, and the report shows the breakdowns.
+Writes ``profile-<name>.svg`` per profile and ``runtime-profile.json`` (the breakdowns, the
+busiest frames, each run's throughput and server CPU per request). ``bench.run --profile``
+does the same at the end of a benchmark run, and the report shows the breakdowns.
 """
 
 from __future__ import annotations
@@ -262,7 +262,8 @@ def run_profiles(
                 print(f"  {share:6.1%} {category_name}", flush=True)
             for frame, share in found[-1]["top_frames"].items():
                 print(f"  {share:6.1%} self: {frame}", flush=True)
-        return found
+    (out / "runtime-profile.json").write_text(json.dumps(found, indent=1))
+    return found
 
 
 def main() -> None:
@@ -275,11 +276,10 @@ def main() -> None:
     args = parser.parse_args()
     os.sched_setaffinity(0, {CLIENT_CORE})
     args.out.mkdir(parents=True, exist_ok=True)
-    found = run_profiles(
+    run_profiles(
         args.out, seconds=args.seconds, rate=args.rate, names=args.profiles,
         precision=args.precision,
     )  # fmt: skip
-    (args.out / "runtime-profile.json").write_text(json.dumps(found, indent=1))
 
 
 if __name__ == "__main__":

@@ -97,11 +97,6 @@ class DynamicBatcher(Generic[P, R]):
         return len(self._queue)
 
     @property
-    def inline(self) -> bool:
-        """Every batch is computed on the event loop."""
-        return self._inline_rows >= self._max_rows
-
-    @property
     def inline_rows(self) -> int:
         return self._inline_rows
 

@@ -293,7 +293,7 @@ async def test_batches_up_to_the_inline_rows_compute_on_the_loop_larger_ones_in_
     with ThreadPoolExecutor(1, thread_name_prefix="model") as pool:
         batcher, recorder = make(process, pool, max_rows=8)
         batcher.run_inline(2)
-        assert not batcher.inline and batcher.inline_rows == 2
+        assert batcher.inline_rows == 2
         assert await batcher.submit(1, rows=1) == 2  # alone, small: in its caller's turn
         assert recorder.depths == []
         assert await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(8))) == [
