@@ -295,7 +295,11 @@ def profile_section(profiles: list[dict[str, Any]]) -> list[str]:
         "a thread waiting (in `epoll_wait`, or the model thread idle) are dropped, so the",
         "shares are of the server's busy time; each sample is counted under the innermost",
         "frame that names a part of the runtime, and µs/request is that share of the run's",
-        "server CPU per request. Hover a box of a flame graph for its frame and share.",
+        "server CPU per request. Hover a box of a flame graph for its frame and share. Two",
+        "cautions: py-spy pauses the server for each sample, so a profiled run's CPU per",
+        "request is above the unprofiled rows'; and a thread that is runnable but waiting for",
+        "its core (other work on a shared host) counts as busy, which inflates the share of",
+        "long stretches of compute, the model's forward above all.",
     ]
     for found in profiles:
         lines += [

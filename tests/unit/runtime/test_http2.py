@@ -632,3 +632,18 @@ async def test_the_answers_completed_in_one_turn_leave_in_one_write() -> None:
     assert len(answers) == 1
     assert [answers[0].count(b"/call/%d" % sid) for sid in (1, 3, 5, 7)] == [1, 1, 1, 1]
     connection.connection_lost(None)
+
+
+async def test_a_repeated_malformed_header_list_is_refused_every_time() -> None:
+    connection = Http2Connection(echo, 1 << 20, set())
+    transport = RecordingTransport()
+    connection.connection_made(transport)
+    block = hpack.encode([*request_fields(b"/call"), (b"Upper", b"x")])  # RFC 9113 8.2.1
+    connection.data_received(RAW_START + b"".join(raw_block(block, sid) for sid in (1, 3, 5)))
+
+    sent = b"".join(transport.writes)
+    resets = [
+        wire.rst_stream(sid, wire.PROTOCOL_ERROR) in sent for sid in (1, 3, 5)
+    ]  # fmt: skip
+    assert resets == [True, True, True]
+    connection.connection_lost(None)

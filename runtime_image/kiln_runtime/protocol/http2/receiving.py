@@ -303,7 +303,7 @@ class Receiving(Answering):
             self._closed_stream(stream_id, "HEADERS")
             return  # a stream this server reset: its late frames are ignored
         self._last_stream_id = stream_id
-        checked = None if oversized else self._check(fields)
+        checked = None if oversized else self._check(fields, len(block))
         if flags & SELF_DEPENDENT or (checked is not None and checked[0]):
             self._stream_error(stream_id, PROTOCOL_ERROR)
             return
@@ -338,16 +338,19 @@ class Receiving(Answering):
             self._dispatch(stream)  # answered at once; the body that follows is discarded
 
     def _check(
-        self, fields: tuple[tuple[bytes, bytes], ...]
+        self, fields: tuple[tuple[bytes, bytes], ...], block_size: int
     ) -> tuple[str | None, dict[bytes, bytes]]:
-        """Why a request's header list is malformed (or None), and the list as a dict; a list
+        """Why a request's header list is malformed (or None), and the list as a dict. A list
         seen before on this connection is not checked again (the dict is shared: handlers
-        only read it)."""
+        only read it); only lists of blocks the HPACK decoder keeps too are remembered, so
+        this pins no more than its cache does."""
         known = self._checked.get(fields)
         if known is None:
-            if len(self._checked) >= CHECKED_HEADER_LISTS:
-                self._checked.clear()
-            known = self._checked[fields] = (malformed(fields), dict(fields))
+            known = (malformed(fields), dict(fields))
+            if block_size <= hpack.CACHED_BLOCK_BYTES:
+                if len(self._checked) >= CHECKED_HEADER_LISTS:
+                    self._checked.clear()
+                self._checked[fields] = known
         return known
 
     # SETTINGS, WINDOW_UPDATE, RST_STREAM -----------------------------------------------------
