@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import zlib
@@ -193,7 +194,8 @@ def profile(
 ) -> dict[str, Any]:
     """One profile: serve the MLP, load it through the profile's client, sample with py-spy."""
     path, clients, title = PROFILES[name]
-    spy = shutil.which("py-spy")
+    beside = Path(sys.executable).with_name("py-spy")  # the virtualenv's, off PATH under make
+    spy = str(beside) if beside.exists() else shutil.which("py-spy")
     if spy is None:
         raise RuntimeError("py-spy not found: pip install py-spy (the runtime's bench extra)")
     x = example_input("mlp", 1).numpy()

@@ -319,9 +319,13 @@ def main() -> None:
                 )
     if args.profile:
         args.out.mkdir(parents=True, exist_ok=True)
-        results["profiles"] = profiling.run_profiles(
-            args.out, seconds=2 * args.seconds, rate=profiling.RATE, names=list(profiling.PROFILES)
-        )
+        try:  # a failed profile must not lose the measurements above
+            results["profiles"] = profiling.run_profiles(
+                args.out, seconds=2 * args.seconds, rate=profiling.RATE,
+                names=list(profiling.PROFILES),
+            )  # fmt: skip
+        except (RuntimeError, OSError, subprocess.SubprocessError) as error:
+            print(f"profiles failed: {error}", file=sys.stderr, flush=True)
     if args.abuse is not None:
         results["abuse"] = [json.loads(line) for line in args.abuse.read_text().splitlines()]
     results["wall_seconds"] = time.monotonic() - started
