@@ -26,7 +26,7 @@ $(VENV)/.installed: constraints.txt requirements-dev.txt operator/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@{ $(PY) -m pip install -q --upgrade pip && \
 	   $(PY) -m pip install -q -c constraints.txt -r requirements-dev.txt \
-	     -e 'operator[simulator]' -e 'runtime_image[test]' -e e2e; } >$(VENV)/install.log 2>&1 \
+	     -e 'operator[simulator]' -e 'runtime_image[test,bench]' -e e2e; } >$(VENV)/install.log 2>&1 \
 	  || { tail -n 40 $(VENV)/install.log; echo "pip install failed: see $(VENV)/install.log"; exit 1; }
 	touch $@
 
@@ -152,11 +152,14 @@ $(BENCH_VENV)/.installed: runtime_image/pyproject.toml
 	  > "$$($(BENCH_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-kiln-main-venv.pth"
 	touch $@
 
-bench-runtime: venv $(BENCH_VENV)/.installed ## kiln_runtime vs Triton (pytriton), loopback -> docs/benchmarks/runtime.md
+bench-runtime: venv $(BENCH_VENV)/.installed ## kiln_runtime vs Triton (pytriton), loopback, and py-spy profiles -> docs/benchmarks/runtime.md
 	bash runtime_image/bench/system-deps.sh
-	cd runtime_image && ../$(PY) -m bench.run --out ../docs/benchmarks --triton-python ../$(BENCH_VENV)/bin/python
+	cd runtime_image && ../$(PY) -m bench.run --out ../docs/benchmarks --triton-python ../$(BENCH_VENV)/bin/python --profile
 
-.PHONY: base-image image-runtime bench-runtime
+bench-runtime-profile: venv ## py-spy flame graphs of the runtime under tritonclient.grpc and HTTP JSON -> docs/benchmarks/profile-*.svg
+	cd runtime_image && ../$(PY) -m bench.profile --out ../docs/benchmarks
+
+.PHONY: base-image image-runtime bench-runtime bench-runtime-profile
 
 # ---- autoscaling ----
 bench-autoscaling: venv ## Kiln's autoscaler vs HPA, KEDA, Knative, oracles on simulated days -> docs/benchmarks/autoscaling.md

@@ -34,6 +34,7 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 
 from bench import loadgen, overload, servers
+from bench import profile as profiling
 from bench.report import write_report
 from kiln_runtime.examples import example_input, write_example
 
@@ -229,6 +230,11 @@ def main() -> None:
         help="JSON lines from the HTTP abuse tests (KILN_ABUSE_OUT), rendered as their table",
     )  # fmt: skip
     parser.add_argument(
+        "--profile", action="store_true",
+        help="end with py-spy profiles of the server under tritonclient.grpc and the HTTP JSON "
+        "path (bench.profile): flame graphs beside the report, their breakdown in it",
+    )  # fmt: skip
+    parser.add_argument(
         "--models", nargs="+", choices=sorted(PLAN), default=sorted(PLAN),
         help="a subset for a short check; the report's transformer targets need it",
     )  # fmt: skip
@@ -311,6 +317,15 @@ def main() -> None:
                 results["overload"] = overload_run(
                     model_dir, capacity, args.overload_seconds, logs / "overload.log"
                 )
+    if args.profile:
+        args.out.mkdir(parents=True, exist_ok=True)
+        try:  # a failed profile must not lose the measurements above
+            results["profiles"] = profiling.run_profiles(
+                args.out, seconds=2 * args.seconds, rate=profiling.RATE,
+                names=list(profiling.PROFILES),
+            )  # fmt: skip
+        except (RuntimeError, OSError, subprocess.SubprocessError) as error:
+            print(f"profiles failed: {error}", file=sys.stderr, flush=True)
     if args.abuse is not None:
         results["abuse"] = [json.loads(line) for line in args.abuse.read_text().splitlines()]
     results["wall_seconds"] = time.monotonic() - started

@@ -72,8 +72,15 @@ def _wait_ready(server: Server, path: str, seconds: float) -> None:
 
 @contextmanager
 def kiln(
-    model_dir: Path, name: str, core: int, log: Path, optimization: dict[str, Any] | None = None
+    model_dir: Path,
+    name: str,
+    core: int,
+    log: Path,
+    optimization: dict[str, Any] | None = None,
+    *,
+    code: Path | None = None,
 ) -> Iterator[Server]:
+    """``code``: a directory holding another ``kiln_runtime`` to serve (an A/B's other side)."""
     config = json.loads((model_dir / "config.json").read_text())
     config["optimization"] = {**config.get("optimization", {}), **(optimization or {})}
     config_file = log.with_suffix(".config.json")
@@ -86,8 +93,13 @@ def kiln(
         "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), "--torch-threads", "1",
         "--log-level", "WARNING",
     ]  # fmt: skip
+    env = None
+    if code is not None:  # run from there too: ``-m`` puts the working directory first
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), str(BENCH_DIR.parent)])}
     with log.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=code
+        )
     server = Server("kiln", process, *ports)
     try:
         _wait_ready(server, "/v2/health/ready", 120)

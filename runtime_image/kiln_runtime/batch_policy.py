@@ -12,7 +12,9 @@ clients in one batch instead of splitting them into two that alternate (12 + 4 i
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 SMOOTHING = 0.2  # weight of the newest gap in the inter-arrival average
@@ -67,3 +69,22 @@ def batch_wait_seconds(
         return 0.0
     expected_fill = (target - queued_rows) * stats.mean_interarrival_seconds
     return min(budget, expected_fill)
+
+
+def inline_rows(timings: Mapping[int, float], limit_seconds: float, max_batch_rows: int) -> int:
+    """The most rows a batch may hold and still be computed inline (on the event loop).
+
+    ``timings`` maps batch sizes to their measured compute time. A batch's time between two
+    measured sizes is interpolated linearly (compute grows about linearly with the rows); a
+    batch is inline if that estimate is under ``limit_seconds``. If every measured size is
+    under the limit, every batch is inline (as before per-batch decisions: the largest
+    warm-up size stands for the model); if none is, no batch is.
+    """
+    points = sorted(timings.items())
+    if not points or points[0][1] >= limit_seconds:
+        return 0
+    for (rows0, time0), (rows1, time1) in itertools.pairwise(points):
+        if time1 >= limit_seconds:  # the limit is crossed between these two sizes
+            share = (limit_seconds - time0) / (time1 - time0) if time1 > time0 else 0.0
+            return min(max_batch_rows, rows0 + math.floor(share * (rows1 - rows0)))
+    return max_batch_rows

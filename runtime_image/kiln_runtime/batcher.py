@@ -10,9 +10,10 @@ Contract (as Triton's dynamic batcher and Ray's ``@serve.batch``):
 Only one batch computes at a time (the model has one worker thread); the next batch collects
 while the current one runs. How long to wait for a batch to fill is ``batch_policy``'s call.
 
-A model that computes in well under a millisecond may run inline on the event loop: no thread
+A batch that computes in well under a millisecond may run inline on the event loop: no thread
 hop, and requests parsed in the same loop turn still meet in one batch, because the batcher
-task forms it only after they have all been submitted.
+task forms it only after they have all been submitted. The decision is per batch, by its rows
+(``run_inline``): a model may compute small batches inline and large ones in its thread.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class DynamicBatcher(Generic[P, R]):
     """Collects items into batches and runs ``process`` on each batch in ``executor``.
 
     ``process`` runs in the executor (a single thread for the model) unless ``executor`` is
-    None, then inline on the event loop, which suits only models that take microseconds
+    None, then inline on the event loop, which suits only batches that take microseconds
     (see ``run_inline``).
     """
 
@@ -80,6 +81,7 @@ class DynamicBatcher(Generic[P, R]):
         self._max_delay = max_delay_seconds
         self._max_queue = max_queue_size
         self._executor = executor
+        self._inline_rows = max_batch_rows if executor is None else 0  # batches up to it: inline
         self._observer = observer
         self._clock = clock
         self._queue: collections.deque[_Item[P, R]] = collections.deque()
@@ -95,12 +97,13 @@ class DynamicBatcher(Generic[P, R]):
         return len(self._queue)
 
     @property
-    def inline(self) -> bool:
-        return self._executor is None
+    def inline_rows(self) -> int:
+        return self._inline_rows
 
-    def run_inline(self) -> None:
-        """Compute on the event loop from now on (the model is too fast to pay a thread hop)."""
-        self._executor = None
+    def run_inline(self, up_to_rows: int | None = None) -> None:
+        """Compute batches of at most ``up_to_rows`` rows (all, if None) on the event loop
+        from now on: they are too fast to pay a thread hop."""
+        self._inline_rows = self._max_rows if up_to_rows is None else up_to_rows
 
     @property
     def idle(self) -> bool:
@@ -157,7 +160,7 @@ class DynamicBatcher(Generic[P, R]):
 
     def _dispatches_now(self, item: _Item[P, R]) -> bool:
         if (
-            self._executor is not None
+            item.rows > self._inline_rows
             or self._task is None
             or self._turn_taken
             or self._queue
@@ -190,7 +193,7 @@ class DynamicBatcher(Generic[P, R]):
             batch = self._take_batch()
             if batch:
                 await self._compute(batch)
-                if self._executor is None:
+                if sum(item.rows for item in batch) <= self._inline_rows:
                     # The loop was blocked while computing: let it read the requests that
                     # arrived meanwhile before the next batch is formed.
                     await asyncio.sleep(0)
@@ -244,7 +247,7 @@ class DynamicBatcher(Generic[P, R]):
         self._computing = True
         started = self._clock()
         try:
-            if self._executor is None:
+            if self._executor is None or rows <= self._inline_rows:
                 results = self._process(payloads)
             else:
                 loop = asyncio.get_running_loop()

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from kiln_runtime import errors
+from kiln_runtime import batch_policy, errors
 from kiln_runtime.batcher import DynamicBatcher
 from kiln_runtime.config import RuntimeConfig, TensorSpec
 from kiln_runtime.datatypes import numpy_carrier
@@ -26,9 +26,9 @@ from kiln_runtime.protocol.types import InferRequest, InferResponse, Tensor
 
 log = logging.getLogger(__name__)
 
-# A model whose largest warm-up batch computes faster than this runs on the event loop: a
-# thread hop would cost a large share of its latency, and blocking the loop this briefly
-# delays no one noticeably.
+# A batch expected to compute faster than this runs on the event loop: a thread hop would
+# cost a large share of its latency, and blocking the loop this briefly delays no one
+# noticeably. The estimate comes from timing the warm-up batch sizes.
 INLINE_BELOW_SECONDS = 0.001
 
 Arrays = list[npt.NDArray[Any]]
@@ -103,12 +103,24 @@ class DataPlane:
         sizes = self.config.warmup_batch_sizes()
         seconds = await loop.run_in_executor(self._executor, model.warm_up, sizes)
         self._model = model
-        largest = await loop.run_in_executor(self._executor, self._time_batch, max(sizes))
-        if largest < INLINE_BELOW_SECONDS:
-            self._batcher.run_inline()
+        timings: dict[int, float] = {}
+        for size in sorted(sizes):  # up to the first size over the limit: larger ones are too
+            timings[size] = await loop.run_in_executor(self._executor, self._time_batch, size)
+            if timings[size] >= INLINE_BELOW_SECONDS:
+                break
+        max_rows = self.config.batching.max_batch_size
+        inline_rows = batch_policy.inline_rows(timings, INLINE_BELOW_SECONDS, max_rows)
+        if inline_rows:
+            self._batcher.run_inline(inline_rows)
+        if inline_rows >= max_rows:
+            where = "every batch computes inline on the event loop"
+        elif inline_rows:
+            where = f"batches up to {inline_rows} rows compute inline, larger ones in the thread"
+        else:
+            where = "every batch computes in the model thread"
         log.info(
-            "a batch of %d takes %.3f ms: computing %s", max(sizes), largest * 1e3,
-            "inline on the event loop" if self._batcher.inline else "in the model thread",
+            "batches of %s rows take %s ms: %s", list(timings),
+            [round(t * 1e3, 3) for t in timings.values()], where,
         )  # fmt: skip
         self._batcher.start()
         self.warmup_seconds = seconds

@@ -5,6 +5,7 @@ import math
 from kiln_runtime.batch_policy import (
     TrafficStats,
     batch_wait_seconds,
+    inline_rows,
     observe_arrival,
     observe_batch,
 )
@@ -64,3 +65,22 @@ def test_the_typical_batch_is_the_largest_recent_one_and_fades() -> None:
     for _ in range(40):
         stats = observe_batch(stats, 1)
     assert stats.typical_batch_rows < 2  # load fell: lone requests go at once again
+
+
+def test_batches_under_the_limit_compute_inline_interpolated_between_timed_sizes() -> None:
+    # the fp32 MLP: 0.4 ms at 8 rows, 1.4 ms at 32; the limit is crossed at 8 + 0.6 / 1.0 * 24
+    assert inline_rows({1: 0.0002, 8: 0.0004, 32: 0.0014}, 0.001, 32) == 22
+
+
+def test_a_model_under_the_limit_at_every_size_computes_every_batch_inline() -> None:
+    assert inline_rows({1: 0.0001, 8: 0.0002, 32: 0.0003}, 0.001, 64) == 64
+
+
+def test_a_model_over_the_limit_at_its_smallest_size_never_computes_inline() -> None:
+    assert inline_rows({1: 0.0066}, 0.001, 32) == 0
+    assert inline_rows({}, 0.001, 32) == 0
+
+
+def test_rows_are_rounded_down_and_never_beyond_the_batch_limit() -> None:
+    assert inline_rows({4: 0.0009, 8: 0.0009, 16: 0.002}, 0.001, 32) == 8
+    assert inline_rows({1: 0.0001, 64: 0.0011}, 0.001, 32) == 32

@@ -279,3 +279,28 @@ async def test_under_load_requests_are_not_computed_alone() -> None:
     await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(4)))
     assert recorder.batches == [1, 4, 4]  # the policy waits for company: no batch of one
     await batcher.stop()
+
+
+async def test_batches_up_to_the_inline_rows_compute_on_the_loop_larger_ones_in_the_thread() -> (
+    None
+):
+    threads: list[tuple[int, str]] = []
+
+    def process(items: Sequence[int]) -> list[int]:
+        threads.append((len(items), threading.current_thread().name))
+        return doubled(items)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="model") as pool:
+        batcher, recorder = make(process, pool, max_rows=8)
+        batcher.run_inline(2)
+        assert batcher.inline_rows == 2
+        assert await batcher.submit(1, rows=1) == 2  # alone, small: in its caller's turn
+        assert recorder.depths == []
+        assert await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(8))) == [
+            2 * i for i in range(8)
+        ]
+        await batcher.stop()
+    loop_thread = threading.current_thread().name
+    assert threads[0] == (1, loop_thread)
+    assert all(name.startswith("model") for rows, name in threads[1:] if rows > 2)
+    assert any(rows > 2 for rows, _ in threads[1:])

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bench import abuse_page, loadgen, proc, report
+from bench import profile as profiling
 from kiln_runtime.protocol.rest import decode_infer
 
 STAT = "4242 (a (weird) name) S 17 4242 4242 0 -1 4194560 100 0 0 0 {u} {s} 0 0 20 0 3 0"
@@ -174,3 +175,50 @@ def test_the_abuse_page_has_both_ports_tables_and_judges_the_probe_target() -> N
     unread = next(line for line in page.splitlines() if "never read (windows" in line)
     assert "61.0 / 12.0 / 70.0 ms (900, 0)" in unread and "over the 50 ms target" in unread
     assert "goaway 11" not in report.abuse_section([grpc])  # each table its own port's rows
+
+
+LOOP = "main (app.py);run_forever (asyncio/base_events.py)"
+RAW_STACKS = "\n".join([
+    f"{LOOP};EpollSelector.select (selectors.py) 50",
+    f"{LOOP};Receiving._parse (kiln_runtime/protocol/http2/receiving.py) 20",
+    f"{LOOP};DataPlane._process (kiln_runtime/dataplane.py);"
+    "ModelRunner.forward (kiln_runtime/model.py);Module._call_impl (torch/nn/modules/module.py) 30",
+    f"{LOOP};Handle._run (asyncio/events.py) 10",
+    "_bootstrap (threading.py);_worker (concurrent/futures/thread.py) 40",
+])  # fmt: skip
+
+
+def test_a_profile_keeps_the_busy_samples_and_counts_each_under_its_innermost_part() -> None:
+    stacks = profiling.busy(profiling.parse_collapsed(RAW_STACKS))
+
+    assert sum(stacks.values()) == 60  # the epoll wait and the idle model thread dropped
+    assert profiling.breakdown(stacks) == {
+        "model forward (torch)": 0.5,
+        "HTTP/2 frames (in and out)": pytest.approx(1 / 3),
+        "asyncio (tasks, futures, event loop)": pytest.approx(1 / 6),
+    }
+
+
+def test_a_flame_graph_has_a_box_per_frame_with_its_share() -> None:
+    stacks = profiling.busy(profiling.parse_collapsed(RAW_STACKS))
+
+    svg = profiling.flamegraph(stacks, "a <title>")
+
+    assert svg.startswith("<svg") and "a &lt;title&gt;" in svg
+    assert "ModelRunner.forward (kiln_runtime/model.py) (30 samples, 50.0%)" in svg
+    assert svg.count("<rect") == 1 + 7  # the background, then one box per distinct frame
+
+
+def test_the_report_shows_each_profile_with_its_flame_graph() -> None:
+    found = {
+        "name": "grpc-tritonclient", "title": "gRPC through tritonclient.grpc (threads)",
+        "clients": 16, "svg": "profile-grpc-tritonclient.svg", "throughput": 4000.0,
+        "server_us_per_request": 200.0, "busy_samples": 900,
+        "breakdown": {"model forward (torch)": 0.25, "HTTP/2 frames (in and out)": 0.2},
+    }  # fmt: skip
+
+    lines = report.profile_section([found])
+
+    assert "[profile-grpc-tritonclient.svg](profile-grpc-tritonclient.svg)" in "\n".join(lines)
+    assert "| model forward (torch) | 25.0% | 50 |" in lines
+    assert report.profile_section([]) == []

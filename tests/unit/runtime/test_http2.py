@@ -588,3 +588,65 @@ async def test_a_streamed_request_is_answered_message_by_message(harness: Harnes
     (trailers,) = of(events, h2.events.TrailersReceived, sid)
     assert trailers.headers == [(b"grpc-status", b"0")]
     assert harness.budget.used == 0
+
+
+class RecordingTransport(asyncio.Transport):
+    """Records each write: how many system calls the connection's answers would take."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes.append(bytes(data))
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def test_the_answers_completed_in_one_turn_leave_in_one_write() -> None:
+    release = asyncio.Event()
+
+    async def handler(request: Request) -> Response:
+        await release.wait()  # every call completes in the same loop turn
+        return Response(OK, request.headers[b":path"], TRAILERS)
+
+    connection = Http2Connection(handler, 1 << 20, set())
+    transport = RecordingTransport()
+    connection.connection_made(transport)
+    calls = b"".join(
+        raw_headers(sid, b"/call/%d" % sid) for sid in (1, 3, 5, 7)
+    )  # fmt: skip
+    connection.data_received(RAW_START + calls)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    before = len(transport.writes)
+    release.set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+    answers = transport.writes[before:]
+    assert len(answers) == 1
+    assert [answers[0].count(b"/call/%d" % sid) for sid in (1, 3, 5, 7)] == [1, 1, 1, 1]
+    connection.connection_lost(None)
+
+
+async def test_a_repeated_malformed_header_list_is_refused_every_time() -> None:
+    connection = Http2Connection(echo, 1 << 20, set())
+    transport = RecordingTransport()
+    connection.connection_made(transport)
+    block = hpack.encode([*request_fields(b"/call"), (b"Upper", b"x")])  # RFC 9113 8.2.1
+    connection.data_received(RAW_START + b"".join(raw_block(block, sid) for sid in (1, 3, 5)))
+
+    sent = b"".join(transport.writes)
+    resets = [
+        wire.rst_stream(sid, wire.PROTOCOL_ERROR) in sent for sid in (1, 3, 5)
+    ]  # fmt: skip
+    assert resets == [True, True, True]
+    connection.connection_lost(None)

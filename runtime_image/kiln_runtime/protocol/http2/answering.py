@@ -69,7 +69,8 @@ class Answering(ConnectionState):
             if not self._streams and self._transport is not None:
                 self._flush()
                 self._transport.close()
-        self._flush()
+                return
+        self._flush_soon()
 
     def _respond(self, stream: Stream, response: Response) -> None:
         stream_id = stream.request.stream_id
@@ -86,6 +87,25 @@ class Answering(ConnectionState):
             self._reset(stream, ENHANCE_YOUR_CALM)
             return
         stream.open_ended = False
+        data = response.data
+        if (
+            0 < size <= stream.send_window
+            and size <= self._send_window
+            and size <= self._peer_max_frame
+            and response.trailers is not None
+            and not stream.headers_sent
+            and not self._parked
+            and not self._write_paused
+        ):
+            # The usual unary answer: it fits the peer's windows and one frame, nothing waits
+            # before it, so it goes out whole, with nothing to park or account.
+            self._header_frames(stream_id, response.headers, 0)
+            self._out.append(frame(DATA, 0, stream_id, data))
+            self._header_frames(stream_id, response.trailers, END_STREAM)
+            stream.send_window -= size
+            self._send_window -= size
+            self._finish(stream)
+            return
         if stream.headers_sent:  # a streamed answer: its end
             self._queue_data(stream, response.data)
             stream.pending_trailers = response.trailers

@@ -60,6 +60,7 @@ SELF_DEPENDENT = 0x100  # not on the wire: marks a HEADERS whose priority names 
 # Calls one connection may start per event-loop turn: the rest of what it sent waits for the
 # next turn (its socket unread meanwhile), so other connections' calls interleave with a flood.
 CALLS_PER_TURN = 32
+CHECKED_HEADER_LISTS = 16  # header lists remembered as checked, per connection
 
 
 class Receiving(Answering):
@@ -303,7 +304,8 @@ class Receiving(Answering):
             self._closed_stream(stream_id, "HEADERS")
             return  # a stream this server reset: its late frames are ignored
         self._last_stream_id = stream_id
-        if flags & SELF_DEPENDENT or (not oversized and malformed(fields)):
+        checked = None if oversized else self._check(fields, len(block))
+        if flags & SELF_DEPENDENT or (checked is not None and checked[0]):
             self._stream_error(stream_id, PROTOCOL_ERROR)
             return
         if self._going_away:
@@ -317,7 +319,7 @@ class Receiving(Answering):
             self._flood(self._resets, "streams over the concurrency limit")
             self._stream_error(stream_id, REFUSED_STREAM)
             return
-        headers = dict(fields)
+        headers = checked[1] if checked is not None else dict(fields)
         request = Request(stream_id, headers, headers_too_large=oversized)
         if self._health_only and headers.get(b":path") not in self._health.paths:
             request.over_capacity = True  # refused by the handler; then GOAWAY
@@ -346,6 +348,22 @@ class Receiving(Answering):
             or (self._answers_early is not None and self._answers_early(headers))
         ):
             self._dispatch(stream)  # answered at once; the body that follows is discarded
+
+    def _check(
+        self, fields: tuple[tuple[bytes, bytes], ...], block_size: int
+    ) -> tuple[str | None, dict[bytes, bytes]]:
+        """Why a request's header list is malformed (or None), and the list as a dict. A list
+        seen before on this connection is not checked again (the dict is shared: handlers
+        only read it); only lists of blocks the HPACK decoder keeps too are remembered, so
+        this pins no more than its cache does."""
+        known = self._checked.get(fields)
+        if known is None:
+            known = (malformed(fields), dict(fields))
+            if block_size <= hpack.CACHED_BLOCK_BYTES:
+                if len(self._checked) >= CHECKED_HEADER_LISTS:
+                    self._checked.clear()
+                self._checked[fields] = known
+        return known
 
     # SETTINGS, WINDOW_UPDATE, RST_STREAM -----------------------------------------------------
 
@@ -401,7 +419,8 @@ class Receiving(Answering):
             if stream.send_window > MAX_WINDOW:
                 self._reset(stream, FLOW_CONTROL_ERROR)
                 return
-        self._send_blocked()
+        if self._blocked:  # grpcio sends one or two per answer: most find nothing waiting
+            self._send_blocked()
 
     def _on_rst_stream(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:

@@ -129,6 +129,12 @@ class ConnectionState(asyncio.Protocol):
         self._opened = self._loop.time()
         self._last_active = self._opened  # last time a stream was open
         self._out: list[bytes] = []  # frames to send, written together by _flush
+        self._flush_pending = False  # a _flush is scheduled for the end of this loop turn
+        # Header lists seen on this connection, checked: clients repeat the same list call
+        # after call (the HPACK decoder hands back the same tuple for a repeated block).
+        self._checked: dict[
+            tuple[tuple[bytes, bytes], ...], tuple[str | None, dict[bytes, bytes]]
+        ] = {}
         self._going_away = False
         self.closed = self._loop.create_future()
 
@@ -234,3 +240,15 @@ class ConnectionState(asyncio.Protocol):
         if self._out and self._transport is not None:
             self._transport.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
         self._out.clear()
+
+    def _flush_soon(self) -> None:
+        """Write what is queued once this loop turn's callbacks have run: the answers of one
+        batch, completed in one turn, leave in one write (one system call, one segment)
+        rather than one each."""
+        if not self._flush_pending:
+            self._flush_pending = True
+            self._loop.call_soon(self._flush_turn)
+
+    def _flush_turn(self) -> None:
+        self._flush_pending = False
+        self._flush()
