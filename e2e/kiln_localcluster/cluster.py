@@ -127,10 +127,7 @@ class LocalCluster:
             info = self._start(bin_dir, table)
         except BaseException:
             _say("start failed: stopping what was started")
-            if self.node_paths.processes.exists():  # the node got that far
-                node.teardown(self.node_paths, resolve_binaries("node"))
-            table.stop_all()
-            self._release_ranges()
+            self._stop_started(table)
             raise
         _say(f"local cluster up in {time.monotonic() - started:.1f}s at {info.server}")
         return info
@@ -138,14 +135,19 @@ class LocalCluster:
     def down(self) -> None:
         """Stop exactly the processes this cluster started (by PID) and forget its state."""
         table_path = self.dir / "processes.json"
-        if self.node_paths.processes.exists():
-            node.teardown(self.node_paths, resolve_binaries("node"))
-        if table_path.exists():
-            ProcessTable(table_path).stop_all()
-        self._release_ranges()
+        self._stop_started(ProcessTable(table_path) if table_path.exists() else None)
         if self.dir.exists():
             shutil.rmtree(self.dir)
         self.kubeconfig.unlink(missing_ok=True)
+
+    def _stop_started(self, table: ProcessTable | None) -> None:
+        """Stop the real node (if it got as far as starting), then the processes in `table`,
+        and release the address ranges: for `down` and for a start that failed half-way."""
+        if self.node_paths.processes.exists():
+            node.teardown(self.node_paths, resolve_binaries("node"))
+        if table is not None:
+            table.stop_all()
+        self._release_ranges()
 
     # ------------------------------------------------------------------ the start sequence
     def _start(self, bin_dir: Path, table: ProcessTable) -> ClusterInfo:

@@ -29,6 +29,7 @@ from kiln_runtime.protocol import hpack
 from kiln_runtime.protocol.http2.budgets import HealthReserve, MemoryBudget
 from kiln_runtime.protocol.http2.connection import Http2Connection
 from kiln_runtime.protocol.http2.messages import Request, Response
+from kiln_runtime.protocol.http2.state import ConnectionState
 
 log = logging.getLogger(__name__)
 
@@ -348,7 +349,7 @@ class GrpcServer:
         self._service = service
         self._limits = limits or Http2Limits()
         self.budget = MemoryBudget(self._limits.process_buffer_bytes)
-        self.health = HealthReserve(frozenset({HEALTH_CHECK_PATH}))
+        self.health: HealthReserve[ConnectionState] = HealthReserve(frozenset({HEALTH_CHECK_PATH}))
         self._max_connection_age = max_connection_age
         self._max_age_grace = max_age_grace
         self._connections: set[Http2Connection] = set()

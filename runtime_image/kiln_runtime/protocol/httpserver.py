@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import httptools
 
 from kiln_runtime.config import HttpLimits
+from kiln_runtime.protocol.http2.budgets import HealthReserve
 from kiln_runtime.protocol.rest import HttpResponse, RestAdapter, json_response
 
 log = logging.getLogger(__name__)
@@ -68,17 +69,8 @@ class _Shared:
     limits: HttpLimits
     budget: BufferBudget
     connections: set[HttpConnection] = field(default_factory=set)
-    # connections admitted on the health budget, oldest first (a dict keeps insertion order)
-    health_only: dict[HttpConnection, None] = field(default_factory=dict)
-
-    def evict_idle_health_connection(self) -> bool:
-        """Close the oldest health-budget connection not answering anything, so that a new
-        probe is served even when idle or slow clients hold every connection."""
-        for connection in self.health_only:
-            if connection.idle:
-                connection.evict()
-                return True
-        return False
+    health: HealthReserve[HttpConnection] = field(default_factory=HealthReserve)
+    """Connections admitted past maxConnections for `/v2/health/*` only."""
 
 
 @dataclass
@@ -124,13 +116,13 @@ class HttpConnection(asyncio.Protocol):
             len(shared.connections)
             >= self._limits.max_connections + self._limits.health_connections
         )
-        if full and not (self._limits.health_connections and shared.evict_idle_health_connection()):
+        if full and not (self._limits.health_connections and shared.health.evict_idle()):
             transport.write(_REFUSED)
             transport.close()
             return
         self._health_only = len(shared.connections) >= self._limits.max_connections
         if self._health_only:
-            shared.health_only[self] = None
+            shared.health.connections[self] = None
         self._transport = transport
         shared.connections.add(self)
         high = max(self._limits.connection_buffer_bytes // 2, 1)
@@ -144,13 +136,13 @@ class HttpConnection(asyncio.Protocol):
 
     def evict(self) -> None:
         self._shared.connections.discard(self)
-        self._shared.health_only.pop(self, None)
+        self._shared.health.connections.pop(self, None)
         if self._transport is not None:
             self._transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._shared.connections.discard(self)
-        self._shared.health_only.pop(self, None)
+        self._shared.health.connections.pop(self, None)
         self._transport = None
         self._cancel_timers()
         self._writable.set()

@@ -33,6 +33,7 @@ from kiln_runtime.protocol.http2.messages import (
     Streaming,
 )
 from kiln_runtime.protocol.http2.settings import MAX_FRAME_SIZE
+from kiln_runtime.protocol.http2.state import ConnectionState
 
 TIMEOUT = 5.0
 OK = hpack.encode([(b":status", b"200"), (b"content-type", b"application/grpc")])
@@ -158,7 +159,7 @@ class Harness:
         limits: Http2Limits | None = None,
         answers_early: AnswersEarly | None = None,
         streaming: Streaming | None = None,
-        health: HealthReserve | None = None,
+        health: HealthReserve[ConnectionState] | None = None,
     ) -> None:
         limits = limits or Http2Limits()
         self.budget = MemoryBudget(limits.process_buffer_bytes)

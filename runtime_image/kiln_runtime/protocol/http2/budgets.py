@@ -8,7 +8,7 @@ bound them. Both are plain counters; the connection decides what to do when one 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from kiln_runtime.protocol.http2.state import ConnectionState
@@ -51,22 +51,34 @@ class MemoryBudget:
         self._waiting.discard(connection)
 
 
-class HealthReserve:
+class Evictable(Protocol):
+    """A connection the health reserve can drop: whether it serves anything, and how to end it."""
+
+    @property
+    def idle(self) -> bool: ...
+
+    def evict(self) -> None: ...
+
+
+C = TypeVar("C", bound=Evictable)
+
+
+class HealthReserve(Generic[C]):
     """The connections a port admits past ``maxConnections`` for health checks only.
 
-    So that the kubelet's gRPC probe is served even when clients hold every connection:
+    So that the kubelet's probe is served even when clients hold every connection:
     ``healthConnections`` more are admitted, each limited to ``paths`` (other calls on it are
     refused and the connection told to go away); when those are full too, the oldest one not
     serving anything is dropped to admit the new one. Shared by a port's connections, oldest
-    first (a dict keeps insertion order).
+    first (a dict keeps insertion order); both ports, HTTP/1.1 and gRPC, keep one.
     """
 
     def __init__(self, paths: frozenset[bytes] = frozenset()) -> None:
         self.paths = paths
-        self.connections: dict[ConnectionState, None] = {}
+        self.connections: dict[C, None] = {}
 
     def evict_idle(self) -> bool:
-        """Drop the oldest health-budget connection with no open stream; False if none."""
+        """Drop the oldest health-budget connection with no open request; False if none."""
         for connection in self.connections:
             if connection.idle:
                 connection.evict()

@@ -79,7 +79,7 @@ class ConnectionState(asyncio.Protocol):
         budget: MemoryBudget | None = None,
         answers_early: AnswersEarly | None = None,
         streaming: Streaming | None = None,
-        health: HealthReserve | None = None,
+        health: HealthReserve[ConnectionState] | None = None,
     ) -> None:
         limits = limits or Http2Limits()
         self._handler = handler
