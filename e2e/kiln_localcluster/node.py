@@ -361,19 +361,19 @@ def _build_sandbox_image(paths: NodePaths) -> None:
     """A static ``pause`` from our own C source, as a one-file image (nothing can be pulled)."""
     work = paths.run / "pause-build"
     work.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        ["cc", "-Os", "-static", "-o", str(work / "pause"), str(_PACKAGE / "pause.c")],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
-    subprocess.run(
-        ["tar", "-C", str(work), "-cf", str(work / "pause.tar"), "pause"],
-        check=True, timeout=60,
-    )  # fmt: skip
-    subprocess.run(
-        ["docker", "import", "--change", 'ENTRYPOINT ["/pause"]', str(work / "pause.tar"),
-         SANDBOX_IMAGE],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
+    _run(["cc", "-Os", "-static", "-o", str(work / "pause"), str(_PACKAGE / "pause.c")])
+    _run(["tar", "-C", str(work), "-cf", str(work / "pause.tar"), "pause"])
+    _run(["docker", "import", "--change", 'ENTRYPOINT ["/pause"]', str(work / "pause.tar"),
+          SANDBOX_IMAGE])  # fmt: skip
+
+
+def _run(args: list[str]) -> None:
+    """Run a build step; its failure says the command and what it printed (e.g. Docker's
+    daemon not running), not only an exit status."""
+    result = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    if result.returncode != 0:
+        output = (result.stderr or result.stdout).strip()
+        raise RuntimeError(f"{' '.join(args[:2])} failed ({result.returncode}): {output}")
 
 
 # ---------------------------------------------------------------------- clean-up

@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,55 @@ def _start_operator(cluster: E2ECluster, log: Path, prometheus: str) -> subproce
             [sys.executable, "-m", "kiln_operator", "run", "--standalone"],
             env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
         )  # fmt: skip
+
+
+def namespace_state(cluster: E2ECluster, namespace: str) -> str:
+    """What a failed test's namespace holds, for its report: pods with their containers'
+    states, the namespace's events, the InferenceServices' conditions, the containers' last log
+    lines and the operator's; the reasons an e2e failure shows nothing of otherwise."""
+    parts: list[str] = []
+    for args in (
+        ("get", "pods,deployments,services,endpointslices", "-o", "wide"),
+        ("get", "inferenceservices", "-o",
+         "jsonpath={range .items[*]}{.metadata.name}: {.status.conditions}{\"\\n\"}{end}"),
+        ("get", "events", "--sort-by=.lastTimestamp"),
+        ("get", "pods", "-o",
+         "jsonpath={range .items[*]}{.metadata.name} on {.spec.nodeName}: "
+         "init {.status.initContainerStatuses[*].state} "
+         "containers {.status.containerStatuses[*].state} "
+         "conditions {.status.conditions}{\"\\n\"}{end}"),
+    ):  # fmt: skip
+        result = cluster.kubectl(*args, "-n", namespace, check=False, timeout=20)
+        parts.append(f"$ kubectl {' '.join(args[:2])}\n{result.stdout}{result.stderr}")
+    pods = cluster.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False, timeout=20)
+    for pod in pods.stdout.split():
+        logs = cluster.kubectl(
+            "logs", "-n", namespace, pod, "--all-containers", "--prefix", "--tail=30",
+            check=False, timeout=20,
+        )  # fmt: skip
+        parts.append(f"$ kubectl logs {pod}\n{logs.stdout}{logs.stderr}")
+    log = STATE_DIR / "operator.log"
+    if cluster.local is not None and log.exists():
+        tail = log.read_text(errors="replace").splitlines()[-40:]
+        parts.append("operator log, last lines:\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test that had a namespace reports what the namespace held when it failed."""
+    report = yield
+    funcargs = getattr(item, "funcargs", {})
+    if report.when != "call" or not report.failed or "namespace" not in funcargs:
+        return report
+    try:
+        state = namespace_state(funcargs["cluster"], funcargs["namespace"])
+    except Exception as error:  # the report must not hide the test's own failure
+        state = f"could not read the namespace's state: {error!r}"
+    report.sections.append(("namespace state at failure", state))
+    return report
 
 
 @pytest.fixture(scope="session")
