@@ -83,6 +83,18 @@ connections open, 18 MiB of such buffers (docs/benchmarks/operator.md)."""
 RECONCILE_COMPONENT = "reconcile"
 """User agent suffix of the reconcile loop's API client (kiln-operator/reconcile)."""
 CHILD_LABELS = {constants.LABEL_MANAGED_BY: constants.MANAGER}
+WATCHED_KINDS_OF_OTHERS = (
+    ("apps", "deployments"),
+    ("v1", "services"),
+    ("policy", "poddisruptionbudgets"),
+    ("v1", "pods"),
+)
+"""Kinds the operator watches that are not its own: the API server sends it only the objects
+labelled as Kiln's (`settings.watching.label_selectors`). kopf's `labels=` on a handler filters
+in the operator, after the API server has encoded and sent every Deployment, Service, PDB and
+pod of the watched namespaces (every one in the cluster, when it serves all) and kopf has parsed
+each event. A child that lost the label is not seen by its watch; the periodic resync reads it
+from the API server and puts the label back."""
 
 logger = logging.getLogger(__name__)
 
@@ -105,17 +117,26 @@ class NoDiffBase(kopf.DiffBaseStorage):
         """Nothing to keep."""
 
 
-@kopf.on.startup()
-async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Connect to the API server and tune kopf for a level-based operator."""
+def tune_kopf(settings: kopf.OperatorSettings) -> None:
+    """kopf's settings for a level-based operator that watches only what it owns."""
     settings.posting.level = logging.WARNING
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.reporting_component = constants.MANAGER
     settings.posting.event_name_prefix = "kiln-"
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    for kind in WATCHED_KINDS_OF_OTHERS:
+        settings.watching.label_selectors[kind] = ",".join(
+            f"{key}={value}" for key, value in CHILD_LABELS.items()
+        )
     settings.networking.request_timeout = 60
     settings.peering.lifetime = PEERING_LIFETIME_SECONDS
+
+
+@kopf.on.startup()
+async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Connect to the API server and tune kopf for a level-based operator."""
+    tune_kopf(settings)
     configuration = await load_configuration()
     memo.kube = KubeClient(configuration, connections=OTHER_CONNECTIONS)
     memo.reconcile_kube = KubeClient(configuration, component=RECONCILE_COMPONENT)

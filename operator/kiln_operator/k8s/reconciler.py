@@ -181,6 +181,7 @@ class Reconciler:
             outcome.spec_error = effective.message
         else:
             deployment = await self._apply_children(parsed, owner, deployment, outcome, fresh)
+            deployment = self._newest_known(deployment)
         observation = ReconcileObservation(
             generation=int(meta.get("generation") or 0),
             spec_error=outcome.spec_error,
@@ -206,6 +207,21 @@ class Reconciler:
             outcome.writes.append(f"status of {owner.namespace}/{owner.name}")
         outcome.events.extend(update.events)
         return outcome
+
+    def _newest_known(self, deployment: Manifest | None) -> Manifest | None:
+        """The newest copy of our Deployment seen by the time status is computed. A new
+        service's Service create can wait seconds for a cluster IP (the API server allocates
+        them one at a time), and meanwhile the Deployment controller has usually reported on the
+        Deployment just created: status then says what it reported in one write, not two (the
+        cache keeps a copy only when it is newer than the one it holds, our own writes'
+        included)."""
+        if deployment is None:
+            return None
+        meta = deployment["metadata"]
+        cached = self._cache.get(DEPLOYMENTS.plural, meta["namespace"], meta["name"])
+        if cached is None or cached["metadata"].get("uid") != meta.get("uid"):
+            return deployment
+        return cached
 
     async def _read_deployment(
         self, owner: Owner, outcome: Outcome, fresh: bool

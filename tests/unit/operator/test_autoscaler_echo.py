@@ -61,7 +61,9 @@ def autoscaler_with_service() -> tuple[Autoscaler, VersionedKube]:
     cache.store("inferenceservices", service())
     ours = {"uid": "isvc-uid", "controller": True}
     deployment = {"metadata": {"name": "mlp", "namespace": "ns", "ownerReferences": [ours]}}
-    cache.store("deployments", {**deployment, "spec": {"replicas": 1}})
+    cache.store(
+        "deployments", {**deployment, "spec": {"replicas": 1}, "status": {"readyReplicas": 1}}
+    )
     kube = VersionedKube(service())
     return Autoscaler(kube, cache, None), kube  # type: ignore[arg-type]
 

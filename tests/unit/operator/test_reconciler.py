@@ -139,6 +139,42 @@ async def test_first_reconcile_creates_children_then_converges_with_zero_writes(
     assert kube.writes == []
 
 
+class ReportingKube(FakeKube):
+    """While the Service's create waits for its cluster IP, the Deployment controller reports on
+    the Deployment just created and the watch delivers that report to the cache."""
+
+    def __init__(self, cache: ObjectCache) -> None:
+        super().__init__()
+        self.cache = cache
+
+    async def create(self, resource: Resource, namespace: str | None, body: Manifest) -> Manifest:
+        if resource is SERVICES:
+            await asyncio.sleep(0)  # the Deployment's create runs first
+            deployment = self.objects[(DEPLOYMENTS.plural, NAMESPACE, "mlp")]
+            self.objects[(DEPLOYMENTS.plural, NAMESPACE, "mlp")] = self._stamp(
+                {**deployment, "status": {"observedGeneration": 1, "replicas": 1,
+                                          "updatedReplicas": 1, "unavailableReplicas": 1}}
+            )  # fmt: skip
+            deliver(self, self.cache, DEPLOYMENTS)
+        return await super().create(resource, namespace, body)
+
+
+async def test_a_new_services_status_is_written_once_from_the_deployments_newest_report() -> None:
+    cache = ObjectCache()
+    kube = ReportingKube(cache)
+    add_service(kube, load_sample("minimal")["spec"])
+    loop = reconciler(kube, cache)
+    await loop.reconcile(NAMESPACE, "mlp")
+    status = live(kube, INFERENCE_SERVICES)["status"]
+    assert (status["replicas"], status["updatedReplicas"]) == (1, 1)
+    assert [w for w in kube.writes if w[0] == "status"] == [("status", "inferenceservices")]
+    # the report's own watch event changes nothing more
+    kube.writes.clear()
+    deliver(kube, cache, DEPLOYMENTS)
+    await loop.reconcile(NAMESPACE, "mlp")
+    assert kube.writes == []
+
+
 async def test_drift_is_reverted_but_replicas_are_left_to_the_autoscaler() -> None:
     kube = FakeKube()
     add_service(kube, load_sample("minimal")["spec"])
