@@ -941,20 +941,23 @@ def main(argv: list[str] | None = None) -> int:
     work = REPO / ".kiln" / "bench-operator"
     work.mkdir(parents=True, exist_ok=True)
     results = []
-    for count in args.counts:
-        bare = run_bare(fresh_cluster(local), count)
-        watching = run_bare(fresh_cluster(local), count, watching=True)
-        result = {
-            **run_one(fresh_cluster(local), count, work, args.reconcile_only),
-            "bare": bare,
-            "bare_watching": watching,
-        }
-        print(json.dumps(result), flush=True)
-        results.append(result)
-    for count in args.autoscaler_counts:
-        result = run_autoscaler(fresh_cluster(local), count, work)
-        print(json.dumps(result), flush=True)
-        results.append(result)
+    try:
+        for count in args.counts:
+            bare = run_bare(fresh_cluster(local), count)
+            watching = run_bare(fresh_cluster(local), count, watching=True)
+            result = {
+                **run_one(fresh_cluster(local), count, work, args.reconcile_only),
+                "bare": bare,
+                "bare_watching": watching,
+            }
+            print(json.dumps(result), flush=True)
+            results.append(result)
+        for count in args.autoscaler_counts:
+            result = run_autoscaler(fresh_cluster(local), count, work)
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    finally:
+        local.down()  # the benchmark started it: no control plane left behind
     args.out.parent.mkdir(parents=True, exist_ok=True)
     earlier = json.loads(json_path.read_text()) if json_path.exists() else []
     merged = [r for r in earlier if _key(r) not in {_key(n) for n in results}] + results
