@@ -51,8 +51,8 @@ def start() -> tuple[SessionCluster, bool]:
     whether this call started it (a cluster already running, e.g. `make cluster-up --real-node`,
     is reused and left running)."""
     local = LocalCluster(STATE_DIR, ClusterOptions(real_node=node.available() is None))
-    running = local.info() is not None and (not local.options.real_node or local.node_running())
-    return SessionCluster(local, local.up()), not running
+    reused = local.reusable() is not None
+    return SessionCluster(local, local.up()), not reused
 
 
 def provide_runtime_image(cluster: SessionCluster) -> None:

@@ -113,3 +113,7 @@ _.SETTINGS_HEADER_TABLE_SIZE
 _.cluster_ip
 _.ready_endpoints
 _.run_load
+
+# What the test session's cluster asks before starting it: whether it reuses a running one, so
+# that it stops only a cluster it started (tests/sessioncluster.py).
+_.reusable

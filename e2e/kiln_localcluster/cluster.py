@@ -111,10 +111,19 @@ class LocalCluster:
             return False
 
     # ------------------------------------------------------------------ up / down
+    def reusable(self) -> ClusterInfo | None:
+        """The running cluster if ``up`` would reuse it as it is."""
+        running = self.info()
+        return running if running is not None and self._has_its_node() else None
+
+    def _has_its_node(self) -> bool:
+        """Whether the real node runs, where this cluster has one."""
+        return not self.options.real_node or self.node_running()
+
     def up(self) -> ClusterInfo:
         """Start the cluster (or reuse a healthy one) and wait until every node is Ready."""
         running = self.info()
-        if running is not None and (not self.options.real_node or self.node_running()):
+        if running is not None and self._has_its_node():
             _say(f"local cluster already up at {running.server}")
             return running
         if running is not None:
