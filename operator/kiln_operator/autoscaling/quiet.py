@@ -11,6 +11,7 @@ new status or state differs from the written one in a way that matters:
   1,000 steady services even one write per service per hour would be 17 writes a minute;
   the operator's own metrics (`kiln_operator_autoscaler_evaluations_total`) say whether it
   evaluates;
+- a new service: nothing until its first ready replica, metrics or change of replicas;
 - state: anything `decide` needs after a restart changed (cooldowns, health since, the
   window, whether capacity is measured), or the capacity left its band. The queue last seen
   and the fit's sums are kept in memory between evaluations and written only with those.
@@ -50,6 +51,16 @@ BANDS = {
 the request rate (what sizing follows)."""
 CAPACITY_BAND = Band(relative=0.1, absolute=0.01)
 """The per-replica capacity: 10 % moves the sizing by about one replica in ten."""
+
+
+def has_something_to_say(written: bool, new: AutoscalingStatus, scales: bool) -> bool:
+    """Whether the autoscaler speaks on a service at all: always once it has `written`
+    status.autoscaling on it (what it said never goes stale); before that, from the service's
+    first ready replica, its first metrics or its first change of replicas (`scales`). A new
+    service with none of them has nothing to report or explain (the reconcile loop's Ready
+    condition says why no pod serves), and a write each would only add to a thousand new
+    services' creation."""
+    return written or scales or new.metrics_available or new.observed.ready_replicas > 0
 
 
 def status_needs_write(written: AutoscalingStatus | None, new: AutoscalingStatus) -> bool:

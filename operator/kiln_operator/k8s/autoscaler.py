@@ -27,7 +27,11 @@ from kiln_operator.autoscaling.deletion_cost import DELETION_COST_ANNOTATION, de
 from kiln_operator.autoscaling.inputs import MetricsObservation, ScalingSpec
 from kiln_operator.autoscaling.policy import Decision, decide
 from kiln_operator.autoscaling.prometheus import PrometheusSource, observation
-from kiln_operator.autoscaling.quiet import state_needs_write, status_needs_write
+from kiln_operator.autoscaling.quiet import (
+    has_something_to_say,
+    state_needs_write,
+    status_needs_write,
+)
 from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import KubeClient
@@ -194,9 +198,11 @@ class Autoscaler:
         conditions = current_status.get("conditions") or []
         condition = metrics_condition(conditions, decision, body, now)
         new_status = decision.status(observed).model_copy(update={"updated_at": now})
-        if not _nothing_to_say_yet(current_status, ready, decision, current) and (
+        said = current_status.get("autoscaling")
+        scales = decision.desired_replicas != current
+        if has_something_to_say(said is not None, new_status, scales) and (
             not _condition_holds(conditions, condition)
-            or status_needs_write(_parsed_status(current_status.get("autoscaling")), new_status)
+            or status_needs_write(_parsed_status(said), new_status)
         ):
             status = new_status.model_dump(by_alias=True, mode="json", exclude_none=True)
             written = await self.kube.apply_status(
@@ -281,23 +287,6 @@ def _parsed_status(written: Any) -> AutoscalingStatus | None:
         return AutoscalingStatus.model_validate(written)
     except ValueError:
         return None
-
-
-def _nothing_to_say_yet(
-    status: dict[str, Any], ready: int, decision: Decision, current: int
-) -> bool:
-    """Whether the autoscaler has nothing to say yet on a new service: it has never written
-    status.autoscaling, no replica is ready, it read no metrics and it keeps replicas as they
-    are (nothing to explain; the reconcile loop's Ready condition says why no pod serves). Its
-    first word then comes with the first ready replica, the first metrics or the first change of
-    replicas, not as one more write per service while a thousand new ones are created. A
-    service it has written on keeps being updated, so what it said never goes stale."""
-    return (
-        "autoscaling" not in status
-        and ready == 0
-        and not decision.metrics_available
-        and decision.desired_replicas == current
-    )
 
 
 def _condition_holds(conditions: list[dict[str, Any]], condition: dict[str, Any]) -> bool:

@@ -10,7 +10,11 @@ from kiln_operator.api.v1alpha1.autoscaling import (
     CapacityStatus,
     ObservedMetrics,
 )
-from kiln_operator.autoscaling.quiet import state_needs_write, status_needs_write
+from kiln_operator.autoscaling.quiet import (
+    has_something_to_say,
+    state_needs_write,
+    status_needs_write,
+)
 from kiln_operator.autoscaling.state import ScalerState
 
 WRITTEN_AT = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
@@ -93,3 +97,14 @@ def test_state_is_written_when_a_restart_would_decide_otherwise() -> None:
     assert state_needs_write(written, written.model_copy(update={"healthy_since": None}))
     assert state_needs_write(written, written.model_copy(update={"last_scale_at": LATER}))
     assert state_needs_write(written, written.model_copy(update={"capacity_per_replica": 45.0}))
+
+
+def test_a_new_service_is_spoken_of_from_its_first_ready_replica_metrics_or_scaling() -> None:
+    blind_and_unready = status(metrics_available=False, observed={"ready_replicas": 0})
+    assert not has_something_to_say(False, blind_and_unready, scales=False)
+    assert has_something_to_say(False, blind_and_unready, scales=True)
+    assert has_something_to_say(False, status(metrics_available=False), scales=False)  # 4 ready
+    reading = status(observed={"ready_replicas": 0})  # metrics read, no replica ready yet
+    assert has_something_to_say(False, reading, scales=False)
+    # once written on, it is always kept current
+    assert has_something_to_say(True, blind_and_unready, scales=False)
