@@ -107,7 +107,7 @@ run-operator: venv ## Run the operator in the foreground against $KUBECONFIG (de
 	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/inferenceservices.serving.kiln.dev
 	MALLOC_ARENA_MAX=2 $(PY) -m kiln_operator run  # as the operator's image sets it
 
-bench-operator: venv ## 100 and 1000 InferenceServices at once, and the autoscaler at steady load, each run on the local cluster started anew (a running one is stopped) -> docs/benchmarks/operator.md
+bench-operator: venv ## 100 and 1000 InferenceServices at once (3 rounds against the bare-client bounds), and the autoscaler at steady load, each run on the local cluster started anew (a running one is stopped) -> docs/benchmarks/operator.md
 	$(PY) -m tests.integration.operator.bench_operator --counts 100 1000 --autoscaler-counts 100 1000 --out docs/benchmarks/operator.md
 
 bench-pinning: venv system-deps docker-up ## gRPC calls per pod after 1 -> 3 on the real node: 12 clients with/without a max connection age, 1 client via the cluster IP and via round_robin -> docs/benchmarks/grpc-pinning.md

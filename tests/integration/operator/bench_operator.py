@@ -72,6 +72,17 @@ TARGET_BARE_RATIO = 1.1
 """Issue 18: where the API server's creates are the bound, the operator within 1.1x of a bare
 client making the same requests in the same run."""
 TARGET_RSS_MB = 300.0
+CONTROL_PLANE_FIRST = (
+    "The clients under test, the bare clients and the operator, run under SCHED_IDLE: they "
+    "take only the CPU time the control plane leaves. In a cluster the operator runs on a node "
+    "of its own, not on the API server's cores; on this host of two cores, the operator's CPU "
+    "time at equal priority is taken from the API server, whose Service creates are the bound "
+    "(2026-11-26, 1,000 services, each run on a fresh control plane: written in 63.0, 64.7, "
+    "65.2, 71.6 and 77.9 s at equal priority, 53.9, 59.1 and 63.3 s under SCHED_IDLE; the bare "
+    "client 53.4 s; the host's CPUs were under 2 % idle throughout). The operator's run at equal "
+    "priority is reported beside the rounds, not judged."
+)
+"""Why the benchmark gives the control plane the CPUs first, and what it measured to decide."""
 CREATE_CONCURRENCY = 64
 QUIET_SECONDS = 10.0
 RESYNC_SECONDS = 300.0
@@ -320,10 +331,13 @@ def fresh_cluster(local: LocalCluster) -> Cluster:
     return cluster
 
 
-def run_bare(cluster: Cluster, count: int, watching: bool = False) -> dict[str, Any]:
+def run_bare(
+    cluster: Cluster, count: int, watching: bool = False, idle_priority: bool = True
+) -> dict[str, Any]:
     """`bare_client` for N services in a fresh namespace: its time until the same check as the
     operator's run (`convergence`, polled the same way) sees every child and status written.
-    The clock starts at its first POST (with `watching`, once the watches are up)."""
+    The clock starts at its first POST (with `watching`, once the watches are up). With
+    `idle_priority` its thread runs under SCHED_IDLE, as the operator's run does."""
     namespace = f"bench-bare-{count}-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", namespace)
     audit = AuditLog(cluster.audit_log)
@@ -337,7 +351,12 @@ def run_bare(cluster: Cluster, count: int, watching: bool = False) -> dict[str, 
         await bare_client(cluster, namespace, manifests, watching, started)
         done.append(time.monotonic() - started[0])
 
-    client = threading.Thread(target=asyncio.run, args=(create_and_time(),), daemon=True)
+    def client_thread() -> None:
+        if idle_priority:  # pid 0: this thread only, not the checker's
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        asyncio.run(create_and_time())
+
+    client = threading.Thread(target=client_thread, daemon=True)
     client.start()
     wait_for(
         lambda: started and convergence(cluster, namespace, count)[0],
@@ -358,7 +377,18 @@ def run_bare(cluster: Cluster, count: int, watching: bool = False) -> dict[str, 
     }
 
 
-def run_one(cluster: Cluster, count: int, work: Path, reconcile_only: bool) -> dict[str, Any]:
+def run_one(
+    cluster: Cluster,
+    count: int,
+    work: Path,
+    reconcile_only: bool,
+    *,
+    idle_priority: bool = True,
+    measure_resync: bool = True,
+) -> dict[str, Any]:
+    """One operator process serving N new services: time until written and settled, its CPU
+    and peak RSS, and (with `measure_resync`) the writes of one full resync afterwards.
+    `idle_priority`: the operator runs under SCHED_IDLE (see CONTROL_PLANE_FIRST)."""
     namespace = f"bench-{count}-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", namespace)
     audit = AuditLog(cluster.audit_log)
@@ -370,6 +400,7 @@ def run_one(cluster: Cluster, count: int, work: Path, reconcile_only: bool) -> d
         resync_seconds=RESYNC_SECONDS,
         liveness=f"http://127.0.0.1:{port}/healthz",
         reconcile_only=reconcile_only,
+        idle_priority=idle_priority,
     )
     try:
         wait_for(
@@ -412,6 +443,20 @@ def run_one(cluster: Cluster, count: int, work: Path, reconcile_only: bool) -> d
         converge_cpu = cpu_seconds(operator.pid) - cpu_before
         latencies = create_latencies(audit, audit_start, namespace)
         load_after = os.getloadavg()[0]
+        rss = peak_rss_mb(operator.pid)
+        if not measure_resync:
+            return {
+                "count": count,
+                "operator": "reconcile loop only" if reconcile_only else "whole operator",
+                "idle_priority": idle_priority,
+                "apply_seconds": round(applied, 1),
+                "written_seconds": round(written_at[0], 1),
+                "converge_seconds": round(converge_seconds, 1),
+                "peak_rss_mb": round(rss, 1),
+                "create_p50_seconds": latencies,
+                "operator_cpu_seconds": round(converge_cpu, 1),
+                "load_average": [round(load_before, 1), round(load_after, 1)],
+            }
 
         # let trailing events (Deployment status updates) settle, then one full resync
         wait_for(
@@ -440,6 +485,7 @@ def run_one(cluster: Cluster, count: int, work: Path, reconcile_only: bool) -> d
     return {
         "count": count,
         "operator": "reconcile loop only" if reconcile_only else "whole operator",
+        "idle_priority": idle_priority,
         "apply_seconds": round(applied, 1),
         "written_seconds": round(written_at[0], 1),
         "writes_until_written": writes_by_client(audit, audit_start, audit_written[0], namespace),
@@ -722,11 +768,20 @@ def autoscaler_report(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _written(result: dict[str, Any], run: str = "operator") -> float:
+    """The written time a target judges: the median over the rounds (`operator`, `bare`,
+    `bare_watching`), or the one run's of a result measured in one round."""
+    medians = result.get("median_written_seconds")
+    if medians is not None:
+        return float(medians[run])
+    seconds = result["written_seconds"] if run == "operator" else result[run]["written_seconds"]
+    return float(seconds)
+
+
 def _ratio(result: dict[str, Any], bound: str = "bare") -> float:
     """The operator's written time over a bare client's (`bare`, or `bare_watching`), same N,
-    same run."""
-    ratio: float = result["written_seconds"] / result[bound]["written_seconds"]
-    return round(ratio, 2)
+    same run (the medians of the rounds)."""
+    return round(_written(result) / _written(result, bound), 2)
 
 
 def _writes(result: dict[str, Any]) -> str:
@@ -778,6 +833,9 @@ def report(every: list[dict[str, Any]], when: datetime | None = None) -> str:
         "- API create p50: the API server's median time to answer the operator's creates "
         "(audit log): Deployment / Service. A Service waits for its cluster IP.",
         "",
+        "The operator's run of the last round (the rounds' written times are below), which also "
+        "measured the resync:",
+        "",
         "| operator | InferenceServices | all created (s) | written (s) | settled (s) | "
         "operator CPU (s) | load average (start, end) | peak RSS (MB) | "
         "API create p50 (s) | reconcile writes per resync | all operator writes meanwhile |",
@@ -809,6 +867,47 @@ def report(every: list[dict[str, Any]], when: datetime | None = None) -> str:
         "controller that watches what it owns costs the API server before doing any work of its "
         "own. The API server encodes and sends every event of those watches; on these two cores "
         "that work slows the Service creates the bound consists of.",
+        "",
+        CONTROL_PLANE_FIRST,
+        "",
+        "Rounds: each round runs the bare client, the watching bare client and the operator, "
+        "each on a control plane started anew; the rounds follow one another, so the three "
+        "are measured side by side and the host's drift falls on all of them. The targets judge "
+        "the medians.",
+        "",
+        "| InferenceServices | round | bare client: written (s) | bare client + watches: "
+        "written (s) | operator: written (s) | operator CPU (s) | operator / bare | "
+        "operator / bare + watches |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        for number, one in enumerate(r.get("rounds") or [], start=1):
+            lines.append(
+                f"| {r['count']} | {number} | {one['bare']} | {one['bare_watching']} | "
+                f"{one['operator']} | {one['operator_cpu_seconds']} | "
+                f"{round(one['operator'] / one['bare'], 2)} | "
+                f"{round(one['operator'] / one['bare_watching'], 2)} |"
+            )
+        if r.get("rounds"):
+            lines.append(
+                f"| {r['count']} | **median** | {_written(r, 'bare')} | "
+                f"{_written(r, 'bare_watching')} | {_written(r)} | - | {_ratio(r)} | "
+                f"{_ratio(r, 'bare_watching')} |"
+            )
+    for r in results:
+        if (shared := r.get("shared_cpus")) is not None:
+            lines.append("")
+            lines.append(
+                f"The operator at equal priority with the control plane, {r['count']} services "
+                f"(one run after the rounds, not judged): written in {shared['written_seconds']} "
+                f"s, {round(shared['written_seconds'] / _written(r, 'bare'), 2)}x the median "
+                f"bare client; operator CPU {shared['operator_cpu_seconds']} s; API create p50 "
+                f"{_latencies(shared)} s; load average {shared['load_average'][0]}, "
+                f"{shared['load_average'][1]}."
+            )
+    lines += [
+        "",
+        "The last round in detail:",
         "",
         "| InferenceServices | bare client: written (s) | its last answer (s) | "
         "API create p50 (s) | load average (start, end) | bare client + watches: written (s) | "
@@ -843,17 +942,18 @@ def report(every: list[dict[str, Any]], when: datetime | None = None) -> str:
         "",
     ]
     for r in results:
-        written = r.get("written_seconds")
+        written = _written(r) if r.get("written_seconds") is not None else None
         if r["count"] == 1000 and written is not None:
             bare_note = ""
             for bound, name in (("bare", "bare client"), ("bare_watching", "watching bare client")):
                 if r.get(bound) is not None:
                     ratio = _ratio(r, bound)
-                    bare_note += f"; {ratio}x the {name}'s {r[bound]['written_seconds']} s: " + (
+                    bare_note += f"; {ratio}x the {name}'s {_written(r, bound)} s: " + (
                         "met" if ratio <= TARGET_BARE_RATIO else "**missed**"
                     )
+            median = " (median of the rounds)" if r.get("rounds") else ""
             lines.append(
-                f"- {r['operator']}, 1000 written in {written} s: "
+                f"- {r['operator']}, 1000 written in {written} s{median}: "
                 + ("met" if written <= TARGET_SECONDS_1000 else "**missed**")
                 + bare_note
             )
@@ -904,6 +1004,35 @@ def report(every: list[dict[str, Any]], when: datetime | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def combine_rounds(rounds: list[dict[str, Any]], shared: dict[str, Any]) -> dict[str, Any]:
+    """One count's result: the last round's runs in full (its operator's run measured the
+    resync), the written times of every round, their medians (what the targets judge), and the
+    operator's run sharing the CPUs with the control plane (`shared`)."""
+    last = rounds[-1]
+
+    def median(run: str) -> float:
+        return round(statistics.median(float(r[run]["written_seconds"]) for r in rounds), 1)
+
+    return {
+        **last["operator"],
+        "bare": last["bare"],
+        "bare_watching": last["bare_watching"],
+        "rounds": [
+            {
+                "bare": r["bare"]["written_seconds"],
+                "bare_watching": r["bare_watching"]["written_seconds"],
+                "operator": r["operator"]["written_seconds"],
+                "operator_cpu_seconds": r["operator"]["operator_cpu_seconds"],
+            }
+            for r in rounds
+        ],
+        "median_written_seconds": {
+            run: median(run) for run in ("bare", "bare_watching", "operator")
+        },
+        "shared_cpus": shared,
+    }
+
+
 def _key(result: dict[str, Any]) -> tuple[str, int]:
     return (result.get("benchmark") or result["operator"], result["count"])
 
@@ -917,6 +1046,13 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         default=[],
         help="services for the autoscaler's steady-load run (real Prometheus, synthetic pods)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of (bare client, watching bare client, operator) per count, interleaved; "
+        "the targets are judged on the medians",
     )
     parser.add_argument(
         "--reconcile-only",
@@ -943,14 +1079,21 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     try:
         for count in args.counts:
-            bare = run_bare(fresh_cluster(local), count)
-            watching = run_bare(fresh_cluster(local), count, watching=True)
-            result = {
-                **run_one(fresh_cluster(local), count, work, args.reconcile_only),
-                "bare": bare,
-                "bare_watching": watching,
-            }
-            print(json.dumps(result), flush=True)
+            rounds = []
+            for number in range(1, args.rounds + 1):
+                bare = run_bare(fresh_cluster(local), count)
+                watching = run_bare(fresh_cluster(local), count, watching=True)
+                operator = run_one(
+                    fresh_cluster(local), count, work, args.reconcile_only,
+                    measure_resync=number == args.rounds,
+                )  # fmt: skip
+                rounds.append({"bare": bare, "bare_watching": watching, "operator": operator})
+                print(json.dumps(rounds[-1]), flush=True)
+            shared = run_one(
+                fresh_cluster(local), count, work, args.reconcile_only,
+                idle_priority=False, measure_resync=False,
+            )  # fmt: skip
+            result = combine_rounds(rounds, shared)
             results.append(result)
         for count in args.autoscaler_counts:
             result = run_autoscaler(fresh_cluster(local), count, work)
