@@ -5,7 +5,7 @@ in the same run (where the API server's creates are the bound)."""
 from datetime import UTC, datetime
 from typing import Any
 
-from tests.integration.operator.bench_operator import report
+from tests.integration.operator.bench_operator import report, rotated
 
 
 def bare_run(written: float) -> dict[str, Any]:
@@ -104,9 +104,28 @@ def test_the_targets_judge_the_medians_of_the_rounds_not_one_round() -> None:
         "1000 written in 60.0 s (median of the rounds): met; 1.07x the bare client's 56.0 s: met; "
         "1.05x the watching bare client's 57.0 s: met"
     ) in page
+    assert "moved from 55.0 to 57.0 s between rounds" in page
+    assert "stayed within 1.04 to 1.2." in page
 
 
 def test_the_operator_sharing_the_cpus_equally_is_reported_beside_the_rounds() -> None:
     page = report([rounds_run([(56.0, 57.0, 58.0)])])
 
     assert "not judged): written in 70.0 s, 1.25x the median bare client" in page
+
+
+def test_each_run_takes_every_place_once_over_as_many_rounds() -> None:
+    runs = ["bare", "bare_watching", "operator"]
+    orders = [rotated(runs, by) for by in range(3)]
+
+    assert orders[1] == ["bare_watching", "operator", "bare"]
+    for place in range(3):
+        assert sorted(order[place] for order in orders) == sorted(runs)
+    assert rotated(runs, 3) == runs
+
+
+def test_a_rounds_row_says_in_which_order_its_runs_ran() -> None:
+    run = rounds_run([(56.0, 57.0, 58.0)])
+    run["rounds"][0]["order"] = ["operator", "bare", "bare_watching"]
+
+    assert "| 1000 | 1 (operator, bare, watching) | 56.0 | 57.0 | 58.0 |" in report([run])
