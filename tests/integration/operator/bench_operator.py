@@ -444,20 +444,23 @@ def run_one(
         converge_cpu = cpu_seconds(operator.pid) - cpu_before
         latencies = create_latencies(audit, audit_start, namespace)
         load_after = os.getloadavg()[0]
-        rss = peak_rss_mb(operator.pid)
+        result: dict[str, Any] = {
+            "count": count,
+            "operator": "reconcile loop only" if reconcile_only else "whole operator",
+            "idle_priority": idle_priority,
+            "apply_seconds": round(applied, 1),
+            "written_seconds": round(written_at[0], 1),
+            "writes_until_written": writes_by_client(
+                audit, audit_start, audit_written[0], namespace
+            ),
+            "converge_seconds": round(converge_seconds, 1),
+            "peak_rss_mb": round(peak_rss_mb(operator.pid), 1),
+            "create_p50_seconds": latencies,
+            "operator_cpu_seconds": round(converge_cpu, 1),
+            "load_average": [round(load_before, 1), round(load_after, 1)],
+        }
         if not measure_resync:
-            return {
-                "count": count,
-                "operator": "reconcile loop only" if reconcile_only else "whole operator",
-                "idle_priority": idle_priority,
-                "apply_seconds": round(applied, 1),
-                "written_seconds": round(written_at[0], 1),
-                "converge_seconds": round(converge_seconds, 1),
-                "peak_rss_mb": round(rss, 1),
-                "create_p50_seconds": latencies,
-                "operator_cpu_seconds": round(converge_cpu, 1),
-                "load_average": [round(load_before, 1), round(load_after, 1)],
-            }
+            return result
 
         # let trailing events (Deployment status updates) settle, then one full resync
         wait_for(
@@ -479,22 +482,12 @@ def run_one(
         resync_reconcile_writes = (
             len(RESYNC_WRITE_LOG.findall(operator.output())) - resync_writes_before
         )
-        rss = peak_rss_mb(operator.pid)
+        result["peak_rss_mb"] = round(peak_rss_mb(operator.pid), 1)  # the resync's included
     finally:
         operator.stop()
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
     return {
-        "count": count,
-        "operator": "reconcile loop only" if reconcile_only else "whole operator",
-        "idle_priority": idle_priority,
-        "apply_seconds": round(applied, 1),
-        "written_seconds": round(written_at[0], 1),
-        "writes_until_written": writes_by_client(audit, audit_start, audit_written[0], namespace),
-        "converge_seconds": round(converge_seconds, 1),
-        "peak_rss_mb": round(rss, 1),
-        "create_p50_seconds": latencies,
-        "operator_cpu_seconds": round(converge_cpu, 1),
-        "load_average": [round(load_before, 1), round(load_after, 1)],
+        **result,
         "writes_per_resync": resync_reconcile_writes,
         "all_operator_writes_during_resync": len(resync_writes),
         "writes_sample": resync_writes[:10],
