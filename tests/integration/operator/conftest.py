@@ -101,10 +101,7 @@ class OperatorProcess:
         liveness: str | None = None,
         reconcile_only: bool = False,
         env: dict[str, str] | None = None,
-        idle_priority: bool = False,
     ) -> None:
-        """`idle_priority`: the process runs under SCHED_IDLE (`chrt --idle`), taking only CPU
-        time the control plane leaves: on a shared host, as if on a node of its own."""
         self.log = log
         if reconcile_only:  # the reconcile loop's handlers, without the autoscaler and warm-up
             args = [sys.executable, "-c", RECONCILE_ONLY, *namespaces]
@@ -115,8 +112,6 @@ class OperatorProcess:
             for namespace in namespaces:
                 args += ["--namespace", namespace]
             args += ["--liveness", liveness] if liveness else []
-        if idle_priority:
-            args = ["chrt", "--idle", "0", *args]  # chrt execs: the PID stays the operator's
         environment = {
             **os.environ,
             "KUBECONFIG": str(kubeconfig or cluster.kubeconfig),

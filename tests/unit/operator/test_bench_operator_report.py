@@ -5,7 +5,9 @@ in the same run (where the API server's creates are the bound)."""
 from datetime import UTC, datetime
 from typing import Any
 
-from tests.integration.operator.bench_operator import report, rotated
+import pytest
+
+from tests.integration.operator.bench_operator import Placement, own_cpus, report, rotated
 
 
 def bare_run(written: float) -> dict[str, Any]:
@@ -90,6 +92,7 @@ def rounds_run(rounds: list[tuple[float, float, float]]) -> dict[str, Any]:
         "operator_cpu_seconds": 18.0,
         "create_p50_seconds": {"deployments": 0.03, "services": 4.0},
         "load_average": [3.0, 4.0],
+        "bare": {"written_seconds": 56.0},
     }
     return run
 
@@ -108,10 +111,10 @@ def test_the_targets_judge_the_medians_of_the_rounds_not_one_round() -> None:
     assert "stayed within 1.04 to 1.2." in page
 
 
-def test_the_operator_sharing_the_cpus_equally_is_reported_beside_the_rounds() -> None:
-    page = report([rounds_run([(56.0, 57.0, 58.0)])])
+def test_the_runs_sharing_every_cpu_are_reported_beside_the_rounds_against_each_other() -> None:
+    page = report([rounds_run([(50.0, 51.0, 52.0)])])
 
-    assert "not judged): written in 70.0 s, 1.25x the median bare client" in page
+    assert "not judged): the bare client written in 56.0 s, the operator in 70.0 s, 1.25x" in page
 
 
 def test_each_run_takes_every_place_once_over_as_many_rounds() -> None:
@@ -129,3 +132,10 @@ def test_a_rounds_row_says_in_which_order_its_runs_ran() -> None:
     run["rounds"][0]["order"] = ["operator", "bare", "bare_watching"]
 
     assert "| 1000 | 1 (operator, bare, watching) | 56.0 | 57.0 | 58.0 |" in report([run])
+
+
+def test_the_control_plane_and_the_clients_get_halves_of_the_cpus_apart() -> None:
+    assert own_cpus({0, 1}) == Placement(frozenset({0}), frozenset({1}))
+    assert own_cpus({5, 2, 3, 4}) == Placement(frozenset({2, 3}), frozenset({4, 5}))
+    with pytest.raises(ValueError, match="needs 2 CPUs"):
+        own_cpus({0})
