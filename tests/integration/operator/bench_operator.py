@@ -1023,18 +1023,25 @@ def report(every: list[dict[str, Any]], when: datetime | None = None) -> str:
     for r in results:
         written = _written(r) if r.get("written_seconds") is not None else None
         if r["count"] == 1000 and written is not None:
-            bare_note = ""
+            within = "within" if written <= TARGET_SECONDS_1000 else "over"
+            rules = [f"{within} {TARGET_SECONDS_1000:.0f} s"]
             for bound, name in (("bare", "bare client"), ("bare_watching", "watching bare client")):
                 if r.get(bound) is not None:
                     ratio = _ratio(r, bound)
-                    bare_note += f"; {ratio}x the {name}'s {_written(r, bound)} s: " + (
-                        "met" if ratio <= TARGET_BARE_RATIO else "**missed**"
+                    within = "within" if ratio <= TARGET_BARE_RATIO else "over"
+                    rules.append(
+                        f"{ratio}x the {name}'s {_written(r, bound)} s, {within} "
+                        f"{TARGET_BARE_RATIO:g}x"
                     )
+            met = written <= TARGET_SECONDS_1000 or (
+                r.get("bare") is not None and _ratio(r) <= TARGET_BARE_RATIO
+            )
             median = " (median of the rounds)" if r.get("rounds") else ""
             lines.append(
                 f"- {r['operator']}, 1000 written in {written} s{median}: "
-                + ("met" if written <= TARGET_SECONDS_1000 else "**missed**")
-                + bare_note
+                + "; ".join(rules)
+                + f"; the target ({TARGET_SECONDS_1000:.0f} s, or {TARGET_BARE_RATIO:g}x the bare "
+                "client): " + ("met" if met else "**missed**")
             )
         lines.append(
             f"- {r['operator']}, {r['count']}: peak RSS {r['peak_rss_mb']} MB "
@@ -1052,8 +1059,9 @@ def report(every: list[dict[str, Any]], when: datetime | None = None) -> str:
         "server allocates them one at a time: its allocator holds one lock while it creates "
         "the IPAddress object through its own API (Kubernetes 1.33 to 1.37, "
         "`ipallocator.MetaAllocator.AllocateNextService`), so Service creates proceed at one "
-        "IPAddress create's pace (about 25 ms here, 1,000 Services in about 55 s with 64 in "
-        "flight) while Deployments are created in about 25 ms each. That pace is the bound, "
+        "IPAddress create's pace (with the control plane on one CPU about 8 per second, 1,000 "
+        "Services in about 120 s with 64 in flight; on two CPUs about twice that) while "
+        "Deployments are created in tens of milliseconds each. That pace is the bound, "
         "and whatever else the API server does on its CPUs slows it: the bare client, "
         "making the same requests with the same concurrency, measures it in the same run.",
         "- What a controller cannot avoid: serving its watches. The watching bare client holds "
