@@ -8,49 +8,118 @@ The cap counts from the later of the oldest request's arrival and the moment the
 free: requests that queued behind a running batch have waited for the model, not for company,
 and giving the clients answered by that batch a moment to send again keeps closed-loop
 clients in one batch instead of splitting them into two that alternate (12 + 4 instead of 16).
+
+Waiting for the whole batch pays only while the server is busy reading the requests that fill
+it. When the clients leave the server idle (tritonclient spends about 0.1 ms of its own CPU per
+request, more than the runtime does; its asyncio flavour answers a batch's replies in a burst
+after a pause), the server waits for the clients, then the clients wait while the whole batch
+computes: they work in turn. So when the server's idle time per batch is more than twice
+what one more batch costs (the part of a batch's compute time that does not grow with its
+rows), batches aim at half the rows and hold no more: one half computes while the clients
+answer and send the other. Halves stay while the idle time per whole batch is still above
+that cost once: halving is what shrinks the idle time, and without that margin the batcher
+would swing between the two. Clients that keep the server busy (h2load, wrk: the gaps between
+arrivals are the server's own reading), and models whose fixed cost per batch is large, keep
+whole batches.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 SMOOTHING = 0.2  # weight of the newest gap in the inter-arrival average
+IDLE_WINDOW = 8  # batches whose idle time per row is remembered; the median of them counts
 BATCH_MEMORY = 0.9  # per batch, how much of the largest recent batch size is remembered
 
 
-@dataclass(frozen=True)
-class TrafficStats:
-    """What the wait policy knows about recent traffic."""
+class TrafficStats(NamedTuple):
+    """What the wait policy knows about recent traffic (a tuple: it is renewed per request)."""
 
-    typical_batch_rows: float = 1.0  # the largest recent batch, decaying batch by batch
+    typical_batch_rows: float = 1.0  # the most rows recently waiting at a dispatch, decaying
     mean_interarrival_seconds: float = math.inf
     last_arrival: float | None = None
+    idle_seconds_per_row: float = 0.0  # the median of recent_idle_per_row
+    recent_idle_per_row: tuple[float, ...] = ()  # per batch: the server's idle time before it
+    last_dispatch: float | None = None
+    last_busy_seconds: float = 0.0  # the server's busy time (see observe_dispatch) then
+    halves: bool = False  # the last batch was planned as half the typical rows
+
+
+class BatchPlan(NamedTuple):
+    """The rows the next batch waits for, the most it takes, and whether these are halves."""
+
+    target_rows: int
+    max_rows: int
+    halves: bool = False
 
 
 def observe_arrival(stats: TrafficStats, now: float) -> TrafficStats:
     if stats.last_arrival is None:
-        return TrafficStats(stats.typical_batch_rows, stats.mean_interarrival_seconds, now)
+        return stats._replace(last_arrival=now)
     gap = max(0.0, now - stats.last_arrival)
     mean = (
         gap
         if math.isinf(stats.mean_interarrival_seconds)
         else (1 - SMOOTHING) * stats.mean_interarrival_seconds + SMOOTHING * gap
     )
-    return TrafficStats(stats.typical_batch_rows, mean, now)
+    return stats._replace(mean_interarrival_seconds=mean, last_arrival=now)
 
 
-def observe_batch(stats: TrafficStats, rows: int) -> TrafficStats:
-    typical = max(float(rows), stats.typical_batch_rows * BATCH_MEMORY)
-    return TrafficStats(typical, stats.mean_interarrival_seconds, stats.last_arrival)
+def observe_dispatch(
+    stats: TrafficStats,
+    *,
+    now: float,
+    busy_seconds: float,
+    rows: int,
+    waiting_rows: int,
+    plan: BatchPlan,
+) -> TrafficStats:
+    """Learn from a batch of ``rows`` dispatched when ``waiting_rows`` rows were queued.
+
+    ``busy_seconds`` is a running total of the server's busy time: the CPU time of the thread
+    that reads requests (the event loop, inline batches included) plus the time the model
+    spent computing elsewhere. The part of the time since the last dispatch that it did not
+    grow by is idle time, counted per row dispatched. The median of the last few batches
+    counts, so one pause (the host, a client's garbage collection) changes nothing.
+    """
+    typical = max(float(waiting_rows), stats.typical_batch_rows * BATCH_MEMORY)
+    recent = stats.recent_idle_per_row
+    if stats.last_dispatch is not None and rows > 0:
+        elapsed = now - stats.last_dispatch
+        idle = max(0.0, elapsed - (busy_seconds - stats.last_busy_seconds)) / rows
+        recent = (*recent[1 - IDLE_WINDOW :], idle)
+    return stats._replace(
+        typical_batch_rows=typical,
+        idle_seconds_per_row=statistics.median(recent) if recent else 0.0,
+        recent_idle_per_row=recent,
+        last_dispatch=now,
+        last_busy_seconds=busy_seconds,
+        halves=plan.halves,
+    )
+
+
+def batch_plan(
+    stats: TrafficStats, max_batch_rows: int, batch_overhead_seconds: float
+) -> BatchPlan:
+    """Whole batches of the typical size, or halves while the server idles, per whole batch,
+    more than twice what one more batch costs (``batch_overhead_seconds``, see
+    ``batch_overhead``), and, once in halves, more than once."""
+    typical = max(1, min(max_batch_rows, math.floor(stats.typical_batch_rows)))
+    margin = 1 if stats.halves else 2
+    if typical > 1 and typical * stats.idle_seconds_per_row > margin * batch_overhead_seconds:
+        half = math.ceil(typical / 2)
+        return BatchPlan(half, half, halves=True)
+    return BatchPlan(typical, max_batch_rows)
 
 
 def batch_wait_seconds(
     *,
     queued_rows: int,
-    max_batch_rows: int,
+    target_rows: int,
     stats: TrafficStats,
     max_delay_seconds: float,
     window_start: float,
@@ -58,17 +127,32 @@ def batch_wait_seconds(
 ) -> float:
     """Seconds to keep collecting before dispatching what is queued (0 means now).
 
-    ``window_start`` is the later of the oldest queued request's arrival and the moment the
-    model became free.
+    ``target_rows`` is the plan's (``batch_plan``); ``window_start`` is the later of the oldest
+    queued request's arrival and the moment the model became free.
     """
     budget = max_delay_seconds - (now - window_start)
-    if budget <= 0 or queued_rows >= max_batch_rows:
+    if budget <= 0 or queued_rows >= target_rows:
         return 0.0
-    target = min(max_batch_rows, math.floor(stats.typical_batch_rows))
-    if queued_rows >= target:
-        return 0.0
-    expected_fill = (target - queued_rows) * stats.mean_interarrival_seconds
-    return min(budget, expected_fill)
+    return min(budget, (target_rows - queued_rows) * stats.mean_interarrival_seconds)
+
+
+def batch_overhead(timings: Mapping[int, float]) -> float:
+    """The part of a batch's compute time that does not grow with its rows, in seconds.
+
+    ``timings`` maps batch sizes to their measured compute time. The line through the two
+    smallest sizes, taken back to zero rows, within [0, the smallest size's time]; with one
+    size, all of its time (the cautious side: it makes splitting a batch look costly); with
+    none, infinity (never split).
+    """
+    points = sorted(timings.items())
+    if not points:
+        return math.inf
+    (rows0, time0), *rest = points
+    if not rest:
+        return time0
+    rows1, time1 = rest[0]
+    per_row = (time1 - time0) / (rows1 - rows0)
+    return min(time0, max(0.0, time0 - rows0 * per_row))
 
 
 def inline_rows(timings: Mapping[int, float], limit_seconds: float, max_batch_rows: int) -> int:

@@ -75,6 +75,7 @@ class DynamicBatcher(Generic[P, R]):
         executor: Executor | None,
         observer: BatchObserver,
         clock: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self._process = process
         self._max_rows = max_batch_rows
@@ -84,6 +85,10 @@ class DynamicBatcher(Generic[P, R]):
         self._inline_rows = max_batch_rows if executor is None else 0  # batches up to it: inline
         self._observer = observer
         self._clock = clock
+        self._cpu_clock = cpu_clock  # the event loop's CPU time: it reads every request
+        self._batch_overhead = math.inf  # never split a batch until the model's cost is known
+        self._threaded_seconds = 0.0  # time the model computed in its thread, batches done
+        self._threaded_since: float | None = None  # when the batch computing there started
         self._queue: collections.deque[_Item[P, R]] = collections.deque()
         self._stats = batch_policy.TrafficStats()
         self._arrived = asyncio.Event()
@@ -104,6 +109,11 @@ class DynamicBatcher(Generic[P, R]):
         """Compute batches of at most ``up_to_rows`` rows (all, if None) on the event loop
         from now on: they are too fast to pay a thread hop."""
         self._inline_rows = self._max_rows if up_to_rows is None else up_to_rows
+
+    def set_batch_overhead(self, seconds: float) -> None:
+        """The fixed part of a batch's compute time (``batch_policy.batch_overhead``): what
+        splitting a batch in two costs, weighed against the clients' idle gaps."""
+        self._batch_overhead = seconds
 
     @property
     def idle(self) -> bool:
@@ -148,6 +158,7 @@ class DynamicBatcher(Generic[P, R]):
             self._turn_taken = True
             loop.call_soon(self._end_turn)
             self._observer.queue_wait(0.0)
+            self._observe_dispatch(item.rows, item.rows, self._plan())
             await self._compute([item])  # inline: completes without suspending
         else:
             self._queue.append(item)
@@ -170,11 +181,35 @@ class DynamicBatcher(Generic[P, R]):
             return False
         return self._wait_seconds(item.rows, item.enqueued, now=item.enqueued) <= 0
 
+    def _busy_seconds(self, now: float) -> float:
+        """The server's busy time so far: the event loop's CPU, inline batches included, and
+        the model's time in its thread (for a GPU model, that thread mostly waits on the GPU)."""
+        busy = self._cpu_clock() + self._threaded_seconds
+        if self._threaded_since is not None:
+            busy += now - self._threaded_since
+        return busy
+
+    def _observe_dispatch(self, rows: int, waiting_rows: int, plan: batch_policy.BatchPlan) -> None:
+        """Tell the policy of a batch of ``rows`` taken when ``waiting_rows`` were queued (it
+        learns the load from these, not from the batch, which a plan of halves caps)."""
+        now = self._clock()
+        self._stats = batch_policy.observe_dispatch(
+            self._stats,
+            now=now,
+            busy_seconds=self._busy_seconds(now),
+            rows=rows,
+            waiting_rows=waiting_rows,
+            plan=plan,
+        )
+
+    def _plan(self) -> batch_policy.BatchPlan:
+        return batch_policy.batch_plan(self._stats, self._max_rows, self._batch_overhead)
+
     def _wait_seconds(self, queued_rows: int, oldest_arrival: float, now: float) -> float:
         """The policy's wait for a batch of ``queued_rows`` whose oldest item arrived then."""
         return batch_policy.batch_wait_seconds(
             queued_rows=queued_rows,
-            max_batch_rows=self._max_rows,
+            target_rows=self._plan().target_rows,
             stats=self._stats,
             max_delay_seconds=self._max_delay,
             window_start=max(oldest_arrival, self._free_since),
@@ -190,8 +225,12 @@ class DynamicBatcher(Generic[P, R]):
                 self._arrived.clear()
                 await self._arrived.wait()
             await self._collect()
-            batch = self._take_batch()
+            head_key = self._queue[0].key if self._queue else None
+            waiting_rows = sum(item.rows for item in self._queue if item.key == head_key)
+            plan = self._plan()
+            batch = self._take_batch(plan.max_rows)
             if batch:
+                self._observe_dispatch(sum(item.rows for item in batch), waiting_rows, plan)
                 await self._compute(batch)
                 if sum(item.rows for item in batch) <= self._inline_rows:
                     # The loop was blocked while computing: let it read the requests that
@@ -212,7 +251,7 @@ class DynamicBatcher(Generic[P, R]):
             except TimeoutError:
                 return
 
-    def _take_batch(self) -> list[_Item[P, R]]:
+    def _take_batch(self, max_rows: int) -> list[_Item[P, R]]:
         now = self._clock()
         batch: list[_Item[P, R]] = []
         rows = 0
@@ -228,7 +267,7 @@ class DynamicBatcher(Generic[P, R]):
                     errors.InferError(errors.ErrorKind.DEADLINE, "deadline exceeded while queued"),
                 )
                 continue
-            if item.key != head_key or (batch and rows + item.rows > self._max_rows):
+            if item.key != head_key or (batch and rows + item.rows > max_rows):
                 kept.append(item)
                 if item.key == head_key:
                     break  # the batch is full; keep arrival order for the rest
@@ -251,6 +290,7 @@ class DynamicBatcher(Generic[P, R]):
                 results = self._process(payloads)
             else:
                 loop = asyncio.get_running_loop()
+                self._threaded_since = started
                 results = await loop.run_in_executor(self._executor, self._process, payloads)
             if len(results) != len(batch):
                 raise errors.InferError(
@@ -266,8 +306,10 @@ class DynamicBatcher(Generic[P, R]):
         finally:
             self._computing = False
             self._free_since = self._clock()
+            if self._threaded_since is not None:
+                self._threaded_seconds += self._free_since - self._threaded_since
+                self._threaded_since = None
         self._observer.batch_done(rows, self._free_since - started)
-        self._stats = batch_policy.observe_batch(self._stats, rows)
         for item, result in zip(batch, results, strict=True):
             _settle(item, result)
 

@@ -109,6 +109,8 @@ class DataPlane:
             if timings[size] >= INLINE_BELOW_SECONDS:
                 break
         max_rows = self.config.batching.max_batch_size
+        overhead = batch_policy.batch_overhead(timings)
+        self._batcher.set_batch_overhead(overhead)
         inline_rows = batch_policy.inline_rows(timings, INLINE_BELOW_SECONDS, max_rows)
         if inline_rows:
             self._batcher.run_inline(inline_rows)
@@ -119,8 +121,8 @@ class DataPlane:
         else:
             where = "every batch computes in the model thread"
         log.info(
-            "batches of %s rows take %s ms: %s", list(timings),
-            [round(t * 1e3, 3) for t in timings.values()], where,
+            "batches of %s rows take %s ms (%.3f ms of it per batch, whatever its rows): %s",
+            list(timings), [round(t * 1e3, 3) for t in timings.values()], overhead * 1e3, where,
         )  # fmt: skip
         self._batcher.start()
         self.warmup_seconds = seconds

@@ -250,6 +250,36 @@ async def test_an_item_arriving_while_a_batch_fills_joins_it() -> None:
     await batcher.stop()
 
 
+async def test_when_clients_leave_the_server_idle_batches_are_halves() -> None:
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(
+        doubled,
+        max_batch_rows=4,
+        max_delay_seconds=5.0,
+        max_queue_size=64,
+        executor=None,
+        observer=(recorder := Recorder()),
+        cpu_clock=lambda: 0.0,  # the process uses no CPU between arrivals: every gap is idle
+    )
+    batcher.start()
+    batcher.set_batch_overhead(0.001)  # splitting a batch costs 1 ms, far under the gaps
+    await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(5)))  # 1 + 4: batches of 4
+    await asyncio.sleep(1.0)  # idle: the clients are slow
+    await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(4)))  # it learns the idle time
+    await asyncio.sleep(1.0)
+    first = asyncio.ensure_future(batcher.submit(10, rows=1))
+    await asyncio.sleep(0.05)  # alone: under half the batch, it waits ~0.3 s for company
+    assert not first.done()
+    second = asyncio.ensure_future(batcher.submit(11, rows=1))
+    await asyncio.sleep(0.05)  # half the batch: it goes, not waiting for two more
+    assert first.done() and second.done()
+    assert [first.result(), second.result()] == [20, 22]
+    # Four at once (an asyncio client answering a batch's replies in a burst): two batches of
+    # two, so the first two answers go out while the other two compute.
+    assert await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(4))) == [0, 2, 4, 6]
+    assert recorder.batches == [1, 4, 4, 2, 2, 2]
+    await batcher.stop()
+
+
 async def test_a_batch_that_does_not_fill_leaves_when_its_wait_is_up() -> None:
     batcher, recorder = make(doubled, max_rows=8, delay=0.02)
     await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(9)))  # 1 + 8
