@@ -110,6 +110,10 @@ class DynamicBatcher(Generic[P, R]):
         from now on: they are too fast to pay a thread hop."""
         self._inline_rows = self._max_rows if up_to_rows is None else up_to_rows
 
+    @property
+    def batch_overhead(self) -> float:
+        return self._batch_overhead
+
     def set_batch_overhead(self, seconds: float) -> None:
         """The fixed part of a batch's compute time (``batch_policy.batch_overhead``): what
         splitting a batch in two costs, weighed against the clients' idle gaps."""

@@ -1,6 +1,7 @@
 """The data plane: validation with clear errors, readiness, metrics, drain."""
 
 import asyncio
+import math
 
 import numpy as np
 import pytest
@@ -188,4 +189,12 @@ async def test_the_inflight_gauge_is_read_when_scraped() -> None:
     assert (
         'kiln_inflight_requests{model="adder"} 0.0' in generate_latest(dp.metrics.registry).decode()
     )
+    await dp.stop()
+
+
+async def test_start_up_tells_the_batcher_what_one_more_batch_costs() -> None:
+    dp = DataPlane(config(), RuntimeMetrics("adder"), executor=None)
+    assert math.isinf(dp._batcher.batch_overhead)  # unknown before warm-up: never halves
+    await dp.start(Adder)
+    assert 0 <= dp._batcher.batch_overhead < 0.01  # the adder's one timed size: microseconds
     await dp.stop()
