@@ -116,7 +116,7 @@ class DynamicBatcher(Generic[P, R]):
 
     def set_batch_overhead(self, seconds: float) -> None:
         """The fixed part of a batch's compute time (``batch_policy.batch_overhead``): what
-        splitting a batch in two costs, weighed against the clients' idle gaps."""
+        splitting a batch in two costs, weighed against the server's idle time per batch."""
         self._batch_overhead = seconds
 
     @property
