@@ -183,7 +183,8 @@ class DynamicBatcher(Generic[P, R]):
             or (item.deadline is not None and item.enqueued >= item.deadline)
         ):
             return False
-        return self._wait_seconds(item.rows, item.enqueued, now=item.enqueued) <= 0
+        wait = self._wait_seconds(item.rows, self._plan(), item.enqueued, now=item.enqueued)
+        return wait <= 0
 
     def _busy_seconds(self, now: float) -> float:
         """The server's busy time so far: the event loop's CPU, inline batches included, and
@@ -209,11 +210,13 @@ class DynamicBatcher(Generic[P, R]):
     def _plan(self) -> batch_policy.BatchPlan:
         return batch_policy.batch_plan(self._stats, self._max_rows, self._batch_overhead)
 
-    def _wait_seconds(self, queued_rows: int, oldest_arrival: float, now: float) -> float:
+    def _wait_seconds(
+        self, queued_rows: int, plan: batch_policy.BatchPlan, oldest_arrival: float, now: float
+    ) -> float:
         """The policy's wait for a batch of ``queued_rows`` whose oldest item arrived then."""
         return batch_policy.batch_wait_seconds(
             queued_rows=queued_rows,
-            target_rows=self._plan().target_rows,
+            target_rows=plan.target_rows,
             stats=self._stats,
             max_delay_seconds=self._max_delay,
             window_start=max(oldest_arrival, self._free_since),
@@ -228,32 +231,32 @@ class DynamicBatcher(Generic[P, R]):
             if not self._queue:
                 self._arrived.clear()
                 await self._arrived.wait()
-            await self._collect()
-            head_key = self._queue[0].key if self._queue else None
-            waiting_rows = sum(item.rows for item in self._queue if item.key == head_key)
-            plan = self._plan()
+            waiting_rows, plan = await self._collect()
             batch = self._take_batch(plan.max_rows)
             if batch:
-                self._observe_dispatch(sum(item.rows for item in batch), waiting_rows, plan)
+                rows = sum(item.rows for item in batch)
+                self._observe_dispatch(rows, waiting_rows, plan)
                 await self._compute(batch)
-                if sum(item.rows for item in batch) <= self._inline_rows:
+                if rows <= self._inline_rows:
                     # The loop was blocked while computing: let it read the requests that
                     # arrived meanwhile before the next batch is formed.
                     await asyncio.sleep(0)
 
-    async def _collect(self) -> None:
-        """Wait while the policy expects the batch to fill, within the delay cap."""
-        while self._queue:
+    async def _collect(self) -> tuple[int, batch_policy.BatchPlan]:
+        """Wait while the policy expects the batch to fill, within the delay cap. Returns the
+        rows then waiting (of the first request's shapes) and the plan to take them by."""
+        while True:
             head_key = self._queue[0].key
             queued_rows = sum(item.rows for item in self._queue if item.key == head_key)
-            wait = self._wait_seconds(queued_rows, self._queue[0].enqueued, now=self._clock())
+            plan = self._plan()
+            wait = self._wait_seconds(queued_rows, plan, self._queue[0].enqueued, self._clock())
             if wait <= 0:
-                return
+                return queued_rows, plan
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), timeout=wait)
             except TimeoutError:
-                return
+                return queued_rows, plan
 
     def _take_batch(self, max_rows: int) -> list[_Item[P, R]]:
         now = self._clock()

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import multiprocessing
 import os
 import platform
@@ -1023,21 +1022,17 @@ def report(every: list[dict[str, Any]], when: datetime | None = None) -> str:
     for r in results:
         written = _written(r) if r.get("written_seconds") is not None else None
         if r["count"] == 1000 and written is not None:
-            within = "within" if written <= TARGET_SECONDS_1000 else "over"
-            rules = [f"{within} {TARGET_SECONDS_1000:.0f} s"]
-            to_bound: dict[str, float] = {}
+            met = written <= TARGET_SECONDS_1000
+            rules = [f"{'within' if met else 'over'} {TARGET_SECONDS_1000:.0f} s"]
             for bound, name in (("bare", "bare client"), ("bare_watching", "watching bare client")):
                 if r.get(bound) is not None:
-                    to_bound[bound] = _ratio(r, bound)
-                    within = "within" if to_bound[bound] <= TARGET_BARE_RATIO else "over"
+                    ratio = _ratio(r, bound)
+                    bounded = ratio <= TARGET_BARE_RATIO
+                    met = met or (bound == "bare" and bounded)  # the watching client: a reference
                     rules.append(
-                        f"{to_bound[bound]}x the {name}'s {_written(r, bound)} s, {within} "
-                        f"{TARGET_BARE_RATIO:g}x"
+                        f"{ratio}x the {name}'s {_written(r, bound)} s, "
+                        f"{'within' if bounded else 'over'} {TARGET_BARE_RATIO:g}x"
                     )
-            met = (
-                written <= TARGET_SECONDS_1000
-                or to_bound.get("bare", math.inf) <= TARGET_BARE_RATIO
-            )
             median = " (median of the rounds)" if r.get("rounds") else ""
             lines.append(
                 f"- {r['operator']}, 1000 written in {written} s{median}: "
