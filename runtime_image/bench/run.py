@@ -1,7 +1,9 @@
 """Run the runtime benchmark side by side and write the report.
 
 kiln_runtime and Triton (nvidia-pytriton) serve the same TorchScript programs on loopback, the
-server pinned to one core and every client to the other. Closed loops at each concurrency on
+servers pinned to one core and every client to the other. A model's servers are up together and
+take turns run by run (``measure_interleaved``), so Kiln's and Triton's numbers for one path are
+taken seconds apart on a host whose speed drifts over minutes. Closed loops at each concurrency on
 each path (``PATHS``): the ceilings, wrk (binary-tensor HTTP) and h2load (raw gRPC frames), and
 the paths users take, a plain JSON poster (wrk with a KServe v2 JSON body) and the official
 clients (``bench.clients``: tritonclient HTTP with JSON tensors, gRPC sync and aio). Each run
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -25,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -55,6 +59,25 @@ PLAN: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
         ("triton (fp32)", "triton", {}),
     ],
 }
+
+
+# Models whose target is a share of the raw forward: it is timed again right after the runs at
+# 16 clients of each path the target names, so the two are taken seconds apart.
+LIMIT_TIMED_BESIDE = ("transformer",)
+
+
+def limit_beside(
+    kind: str, model_file: Path, beside: dict[str, dict[str, float]]
+) -> Callable[[str, int], None]:
+    """For ``measure_interleaved``'s ``after_turn``: the raw forward timed right after the runs
+    its target compares with, into ``beside`` under ``"<path>@<clients>"``."""
+
+    def time_the_limit(path: str, clients: int) -> None:
+        if kind in LIMIT_TIMED_BESIDE and path in ("wrk", "h2load") and clients == 16:
+            print(f"{kind}: raw forward after {path} c={clients}", flush=True)
+            beside[f"{path}@{clients}"] = raw_forward(model_file, kind, False, [16])
+
+    return time_the_limit
 
 
 def check_answers(server: servers.Server, model: str, x: np.ndarray) -> None:
@@ -89,53 +112,119 @@ def measure(
     model: str,
     x: np.ndarray,
     *,
+    label: str,
+    path: str,
+    clients: int,
+    seconds: float,
+    max_requests: int,
+) -> dict[str, Any]:
+    """One closed-loop run of ``clients`` on ``path`` against ``server`` (``label``): its row."""
+    datatype = "FP32" if x.dtype == np.float32 else "INT64"
+    http_url = f"http://{servers.HOST}:{server.http_port}/v2/models/{model}/infer"
+    grpc_url = f"http://{servers.HOST}:{server.grpc_port}/inference.GRPCInferenceService/ModelInfer"
+    protocol = PATHS[path]
+    cpu = server.cpu_seconds
+    if path == "wrk":
+        body, header_length = loadgen.http_body(model, "INPUT__0", datatype, x)
+        result = loadgen.run_wrk(
+            http_url, body, header_length, concurrency=clients, seconds=seconds,
+            core=CLIENT_CORE, server_cpu=cpu,
+        )  # fmt: skip
+    elif path == "wrk-json":
+        result = loadgen.run_wrk(
+            http_url, loadgen.json_body("INPUT__0", datatype, x), None, concurrency=clients,
+            seconds=seconds, core=CLIENT_CORE, server_cpu=cpu,
+        )  # fmt: skip
+    elif path == "h2load":
+        result = loadgen.run_h2load(
+            grpc_url, loadgen.grpc_frame(model, "INPUT__0", datatype, x), concurrency=clients,
+            seconds=seconds, core=CLIENT_CORE, server_cpu=cpu,
+        )  # fmt: skip
+    else:
+        port = server.http_port if protocol == "http" else server.grpc_port
+        result = loadgen.run_python_client(
+            path, f"{servers.HOST}:{port}", model, x, concurrency=clients,
+            seconds=seconds, max_requests=max_requests, core=CLIENT_CORE,
+            server_pid=server.process.pid,
+        )  # fmt: skip
+    print(
+        f"  {label:14} {path:21} c={clients:<3} {result.throughput:9.1f} req/s "
+        f"p50 {result.p50_ms:7.3f} ms p99 {result.p99_ms:7.3f} ms "
+        f"client cpu {result.client_cpu:4.2f} server {result.server_us_per_request:6.0f} "
+        f"us/req errors {result.errors}",
+        flush=True,
+    )
+    return {
+        "path": path, "protocol": protocol, "concurrency": clients, **asdict(result),
+        "throughput": result.throughput, "server_us_per_request": result.server_us_per_request,
+    }  # fmt: skip
+
+
+def measure_interleaved(
+    running: dict[str, servers.Server],
+    model: str,
+    x: np.ndarray,
+    *,
     paths: list[str],
     concurrency: list[int],
     seconds: float,
     max_requests: int,
-) -> list[dict[str, Any]]:
-    datatype = "FP32" if x.dtype == np.float32 else "INT64"
-    body, header_length = loadgen.http_body(model, "INPUT__0", datatype, x)
-    json_body = loadgen.json_body("INPUT__0", datatype, x)
-    frame = loadgen.grpc_frame(model, "INPUT__0", datatype, x)
-    http_url = f"http://{servers.HOST}:{server.http_port}/v2/models/{model}/infer"
-    grpc_url = f"http://{servers.HOST}:{server.grpc_port}/inference.GRPCInferenceService/ModelInfer"
-    rows = []
-    for path in paths:
-        protocol = PATHS[path]
-        for clients in concurrency:
-            cpu = server.cpu_seconds
-            if path in ("wrk", "wrk-json"):
-                body_of_path, length = (body, header_length) if path == "wrk" else (json_body, None)
-                result = loadgen.run_wrk(
-                    http_url, body_of_path, length, concurrency=clients, seconds=seconds,
-                    core=CLIENT_CORE, server_cpu=cpu,
-                )  # fmt: skip
-            elif path == "h2load":
-                result = loadgen.run_h2load(
-                    grpc_url, frame, concurrency=clients, seconds=seconds, core=CLIENT_CORE,
-                    server_cpu=cpu,
-                )  # fmt: skip
-            else:
-                port = server.http_port if protocol == "http" else server.grpc_port
-                result = loadgen.run_python_client(
-                    path, f"{servers.HOST}:{port}", model, x, concurrency=clients,
-                    seconds=seconds, max_requests=max_requests, core=CLIENT_CORE,
-                    server_pid=server.process.pid,
-                )  # fmt: skip
-            rows.append(
-                {"path": path, "protocol": protocol, "concurrency": clients, **asdict(result),
-                 "throughput": result.throughput,
-                 "server_us_per_request": result.server_us_per_request}
-            )  # fmt: skip
-            print(
-                f"  {server.label:6} {path:21} c={clients:<3} {result.throughput:9.1f} req/s "
-                f"p50 {result.p50_ms:7.3f} ms p99 {result.p99_ms:7.3f} ms "
-                f"client cpu {result.client_cpu:4.2f} server {result.server_us_per_request:6.0f} "
-                f"us/req errors {result.errors}",
-                flush=True,
+    after_turn: Callable[[str, int], None] = lambda path, clients: None,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """Every path at every concurrency against every server, the servers taking turns.
+
+    All the servers stay up, pinned to the server core; each run loads one of them while the
+    others idle. For each path and concurrency the servers run one after another (in the
+    order given, then reversed for the next, so none is always first): a ratio between two
+    servers compares runs seconds apart, not minutes, and the host's drift over the run hits
+    both alike. Returns the rows per server, and per server the host's load average at the
+    start of its runs (lowest and highest), its share of steal, and the CPU it used while the
+    others ran (the idle servers' cost to the one measured). ``after_turn(path, clients)`` runs
+    once every server had its run of that path and concurrency (a limit to time beside them).
+    """
+    rows: dict[str, list[dict[str, Any]]] = {label: [] for label in running}
+    loads: dict[str, list[float]] = {label: [] for label in running}
+    stolen = dict.fromkeys(running, 0.0)
+    measured_wall = dict.fromkeys(running, 0.0)
+    idle_cpu = dict.fromkeys(running, 0.0)
+    idle_wall = dict.fromkeys(running, 0.0)
+    order = list(running)
+    runs = [(path, clients) for path in paths for clients in concurrency]
+    for turn, (path, clients) in enumerate(runs):
+        for label in order if turn % 2 == 0 else order[::-1]:
+            loads[label].append(os.getloadavg()[0])
+            steal_before, wall_before = steal_seconds(), clock()
+            cpu_before = {other: s.cpu_seconds() for other, s in running.items()}
+            rows[label].append(
+                measure(
+                    running[label],
+                    model,
+                    x,
+                    label=label,
+                    path=path,
+                    clients=clients,
+                    seconds=seconds,
+                    max_requests=max_requests,
+                )
             )
-    return rows
+            wall = clock() - wall_before
+            stolen[label] += steal_seconds() - steal_before
+            measured_wall[label] += wall
+            for other, server in running.items():
+                if other != label:
+                    idle_cpu[other] += server.cpu_seconds() - cpu_before[other]
+                    idle_wall[other] += wall
+        after_turn(path, clients)
+    host = {
+        label: {
+            "load_average": [min(loads[label]), max(loads[label])],
+            "steal": stolen[label] / max(measured_wall[label] * (os.cpu_count() or 1), 1e-9),
+            "idle_cpu": idle_cpu[label] / idle_wall[label] if idle_wall[label] else 0.0,
+        }
+        for label in running
+    }
+    return rows, host
 
 
 def raw_forward(model_file: Path, kind: str, int8: bool, batches: list[int]) -> dict[str, float]:
@@ -267,39 +356,40 @@ def main() -> None:
             if any(opt.get("precision") == "int8" for _, _, opt in variants):
                 raw["int8"] = raw_forward(model_dir / "model.pt", kind, True, [1, 16, 32])
             model_results: dict[str, Any] = {
-                "raw_forward_seconds": raw, "servers": {}, "load_average": {}, "steal": {}
+                "raw_forward_seconds": raw, "servers": {}, "load_average": {}, "steal": {},
+                "idle_cpu": {},
             }  # fmt: skip
-            for label, kind_of_server, optimization in variants:
-                load_before = os.getloadavg()[0]
-                steal_before = steal_seconds()
-                wall_before = time.monotonic()
-                log = (
-                    logs / f"{kind}-{label.split()[0]}-{optimization.get('precision', 'fp32')}.log"
-                )
-                print(f"{kind}: {label}", flush=True)
-                if kind_of_server == "kiln":
-                    context = servers.kiln(model_dir, kind, SERVER_CORE, log, optimization)
-                else:
-                    context = servers.triton(
-                        model_dir,
-                        kind,
-                        SERVER_CORE,
-                        log,
-                        args.triton_python,
-                        optimization=optimization,
-                    )
-                with context as server:
-                    check_answers(server, kind, x)
-                    rows = measure(
-                        server, kind, x, paths=args.paths, concurrency=args.concurrency,
-                        seconds=args.seconds, max_requests=args.max_requests,
-                    )  # fmt: skip
-                    rows.append({"rss_bytes": server.rss_bytes()})
-                model_results["servers"][label] = rows
-                model_results["load_average"][label] = [load_before, os.getloadavg()[0]]
-                model_results["steal"][label] = (steal_seconds() - steal_before) / (
-                    (time.monotonic() - wall_before) * (os.cpu_count() or 1)
-                )
+            with contextlib.ExitStack() as stack:
+                running: dict[str, servers.Server] = {}
+                for label, kind_of_server, optimization in variants:
+                    precision = optimization.get("precision", "fp32")
+                    log = logs / f"{kind}-{label.split()[0]}-{precision}.log"
+                    print(f"{kind}: starting {label}", flush=True)
+                    if kind_of_server == "kiln":
+                        context = servers.kiln(model_dir, kind, SERVER_CORE, log, optimization)
+                    else:
+                        context = servers.triton(
+                            model_dir, kind, SERVER_CORE, log, args.triton_python,
+                            optimization=optimization,
+                        )  # fmt: skip
+                    running[label] = stack.enter_context(context)
+                    check_answers(running[label], kind, x)
+                beside: dict[str, dict[str, float]] = {}
+                rows, host = measure_interleaved(
+                    running, kind, x, paths=args.paths, concurrency=args.concurrency,
+                    seconds=args.seconds, max_requests=args.max_requests,
+                    after_turn=limit_beside(kind, model_dir / "model.pt", beside),
+                )  # fmt: skip
+                if beside:
+                    model_results["raw_forward_beside"] = beside
+                for label, server in running.items():
+                    model_results["servers"][label] = [
+                        *rows[label],
+                        {"rss_bytes": server.rss_bytes()},
+                    ]
+                    model_results["load_average"][label] = host[label]["load_average"]
+                    model_results["steal"][label] = host[label]["steal"]
+                    model_results["idle_cpu"][label] = host[label]["idle_cpu"]
             # The limit measured again right after the servers: other work on the host shifts
             # both, and the ratio should compare numbers taken close together.
             raw_after = raw_forward(model_dir / "model.pt", kind, False, [1, 16, 32])

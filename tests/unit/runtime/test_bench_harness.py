@@ -1,5 +1,6 @@
 """The runtime benchmark's pure parts: CPU accounting from /proc, the JSON poster's body, and
-the report's tables and target checks (like for like, rows a short run did not measure skipped).
+the servers' turns, and the report's tables and target checks (like for like, rows a short run did
+not measure skipped).
 
 The load itself needs servers and compiled clients (`make bench-runtime`); what is pinned here
 is what turns its numbers into the report's verdicts.
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import abuse_page, loadgen, proc, report
+from bench import abuse_page, loadgen, proc, report, run
 from bench import profile as profiling
 from kiln_runtime.protocol.rest import decode_infer
 
@@ -222,3 +223,84 @@ def test_the_report_shows_each_profile_with_its_flame_graph() -> None:
     assert "[profile-grpc-tritonclient.svg](profile-grpc-tritonclient.svg)" in "\n".join(lines)
     assert "| model forward (torch) | 25.0% | 50 |" in lines
     assert report.profile_section([]) == []
+
+
+class _IdleServer:
+    """A server whose process tree's CPU time the test sets."""
+
+    def __init__(self) -> None:
+        self.cpu = 0.0
+
+    def cpu_seconds(self) -> float:
+        return self.cpu
+
+
+def test_the_servers_take_turns_in_an_order_reversed_at_every_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    running = {"kiln": _IdleServer(), "triton": _IdleServer()}
+    now = [0.0]
+    calls: list[tuple[str, str, int]] = []
+
+    def one_run(server: Any, model: str, x: Any, *, label: str, **run_of: Any) -> dict[str, Any]:
+        calls.append((label, run_of["path"], run_of["clients"]))
+        now[0] += 2.0  # each run lasts 2 s
+        server.cpu += 1.5  # the server under load
+        for other in running.values():
+            if other is not server:
+                other.cpu += 0.02 if other is running["triton"] else 0.0  # Triton idles at 1 %
+        return {"path": run_of["path"], "concurrency": run_of["clients"]}
+
+    monkeypatch.setattr(run, "measure", one_run)
+    rows, host = run.measure_interleaved(
+        running,  # type: ignore[arg-type]
+        "mlp",
+        np.zeros((1, 4), np.float32),
+        paths=["wrk", "h2load"],
+        concurrency=[1, 16],
+        seconds=2.0,
+        max_requests=100,
+        clock=lambda: now[0],
+    )
+
+    assert calls == [
+        ("kiln", "wrk", 1), ("triton", "wrk", 1),
+        ("triton", "wrk", 16), ("kiln", "wrk", 16),
+        ("kiln", "h2load", 1), ("triton", "h2load", 1),
+        ("triton", "h2load", 16), ("kiln", "h2load", 16),
+    ]  # fmt: skip
+    assert [(r["path"], r["concurrency"]) for r in rows["triton"]] == [
+        ("wrk", 1), ("wrk", 16), ("h2load", 1), ("h2load", 16)
+    ]  # fmt: skip
+    # the CPU a server used while the other was measured, per second of those runs
+    assert host["triton"]["idle_cpu"] == pytest.approx(0.01)
+    assert host["kiln"]["idle_cpu"] == 0.0
+
+
+def test_the_transformer_is_judged_against_the_raw_forward_timed_beside_its_runs(
+    tmp_path: Path,
+) -> None:
+    measured = results({})
+    measured["models"]["transformer"] = {
+        "raw_forward_seconds": {"fp32": {"16": 16 / 200}},  # around all the runs: 200 rows/s
+        "raw_forward_beside": {"wrk@16": {"16": 16 / 190}},  # right after the wrk runs
+        "servers": {"kiln (fp32)": [row("wrk", 16, 185.0), row("h2load", 16, 185.0)]},
+    }
+
+    checks = checks_by_target(measured)
+
+    share = "transformer {}: throughput at c=16 >= 0.95x raw batch-16 forward"
+    assert checks[share.format("HTTP binary tensors (wrk)")] == (
+        "185.0 vs 190.0 rows/s = 0.974x",
+        True,
+    )
+    # no limit timed beside the h2load runs: the one around all of them
+    assert checks[share.format("gRPC raw frames (h2load)")] == (
+        "185.0 vs 200.0 rows/s = 0.925x",
+        False,
+    )
+    report.write_report(measured, tmp_path / "runtime.md")
+    assert (
+        "after HTTP binary tensors (wrk) at 16 clients 190.0 rows/s"
+        in (tmp_path / "runtime.md").read_text()
+    )
