@@ -8,7 +8,8 @@ variant's server runs for the whole session, pinned to the server core; the load
 a time, round by round, alternating the order, so drift in the host's load hits each alike.
 Per run: throughput, p50, the server's CPU µs per request (the steadiest figure), the mean
 batch size (from the server's ``kiln_batch_size`` histogram) and the host's steal; at the end
-the median of each over the rounds.
+the median of each over the rounds, and each variant's throughput over the first one's paired
+round by round (``paired_ratios``).
 
     cd runtime_image && python -m bench.ab --variant base=/tmp/base/runtime_image \\
         --variant new=. --model mlp --paths tritonclient-grpc h2load --concurrency 16 \\
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import statistics
@@ -61,6 +63,7 @@ def one_run(
     steal_before, wall_before = steal_seconds(), time.monotonic()
     cpu = server.cpu_seconds
     if path in ("wrk", "wrk-json"):
+        length: int | None
         body, length = loadgen.http_body(model, "INPUT__0", datatype, x)
         if path == "wrk-json":
             body, length = loadgen.json_body("INPUT__0", datatype, x), None
@@ -93,6 +96,29 @@ def one_run(
         / ((time.monotonic() - wall_before) * (os.cpu_count() or 1)),
         "load": os.getloadavg()[0],
     }
+
+
+def paired_ratios(
+    results: dict[tuple[str, str, int], list[dict[str, float]]], base: str
+) -> list[tuple[str, str, int, list[float], float]]:
+    """Each other variant's throughput over ``base``'s, round by round: the two runs of a round
+    are seconds apart, so the host's drift over the session cancels out of their ratio, which
+    medians taken over all the rounds keep. Per variant, path and concurrency: the per-round
+    ratios and their geometric mean."""
+    paired = []
+    for (name, path, clients), runs in results.items():
+        base_runs = results.get((base, path, clients))
+        if name == base or not base_runs:
+            continue
+        ratios = [
+            run["throughput"] / ref["throughput"]
+            for run, ref in zip(runs, base_runs, strict=False)
+            if run["throughput"] > 0 and ref["throughput"] > 0
+        ]
+        if ratios:
+            mean = math.exp(statistics.fmean(math.log(r) for r in ratios))
+            paired.append((name, path, clients, ratios, mean))
+    return paired
 
 
 def main() -> None:
@@ -184,6 +210,12 @@ def main() -> None:
             f"{med['server_us']:.0f} | {med['batch']:.2f} | {med['compute_ms']:.2f} | "
             f"{med['steal']:.0%} |"
         )
+    base = variants[0][0]
+    print(f"\nthroughput over {base}'s in the same round (rounds won, geometric mean, each round):")
+    for name, path, clients, ratios, mean in paired_ratios(results, base):
+        won = sum(r > 1 for r in ratios)
+        each = ", ".join(f"{r:.3f}" for r in ratios)
+        print(f"{name} {path} c={clients}: {won}/{len(ratios)} won, {mean:.3f}x ({each})")
 
 
 if __name__ == "__main__":

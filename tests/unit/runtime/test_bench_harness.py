@@ -1,6 +1,6 @@
-"""The runtime benchmark's pure parts: CPU accounting from /proc, the JSON poster's body, and
-the servers' turns, and the report's tables and target checks (like for like, rows a short run did
-not measure skipped).
+"""The runtime benchmark's pure parts: CPU accounting from /proc, the JSON poster's body, the
+servers' turns, an A/B's pairing of rounds, and the report's tables and target checks (like for
+like, rows a short run did not measure skipped).
 
 The load itself needs servers and compiled clients (`make bench-runtime`); what is pinned here
 is what turns its numbers into the report's verdicts.
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import abuse_page, loadgen, proc, report, run
+from bench import ab, abuse_page, loadgen, proc, report, run
 from bench import profile as profiling
 from kiln_runtime.protocol.rest import decode_infer
 
@@ -304,3 +304,20 @@ def test_the_transformer_is_judged_against_the_raw_forward_timed_beside_its_runs
         "after HTTP binary tensors (wrk) at 16 clients 190.0 rows/s"
         in (tmp_path / "runtime.md").read_text()
     )
+
+
+def test_an_ab_pairs_each_variant_with_the_first_round_by_round() -> None:
+    def runs(*throughputs: float) -> list[dict[str, float]]:
+        return [{"throughput": t} for t in throughputs]
+
+    results = {
+        ("base", "h2load", 16): runs(1000, 2000, 1000),  # the host twice as fast in round 2
+        ("new", "h2load", 16): runs(1100, 2200, 900),
+        ("new", "wrk", 16): runs(500),  # no base run to pair with
+    }
+
+    [(name, path, clients, ratios, mean)] = ab.paired_ratios(results, "base")
+
+    assert (name, path, clients) == ("new", "h2load", 16)
+    assert ratios == pytest.approx([1.1, 1.1, 0.9])
+    assert mean == pytest.approx((1.1 * 1.1 * 0.9) ** (1 / 3))
