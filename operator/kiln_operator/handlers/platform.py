@@ -30,5 +30,6 @@ async def platform_object_changed(
     """Keep the newest copy; reconcile the services it applies to if what applies changed."""
     if not memo.platform.observe(resource.plural, type, body):
         return  # e.g. the watch's first listing of what PlatformObjects.prime read
+    listing = type is None  # after a start the cache may not have the children: read afresh
     for service_namespace, name in memo.cache.names(constants.PLURAL, namespace):
-        memo.workqueue.add(service_namespace, name, trigger=resource.plural)
+        memo.workqueue.add(service_namespace, name, trigger=resource.plural, fresh=listing)

@@ -104,16 +104,19 @@ async def warmup_gate_cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event("", "v1", "pods", labels=POD_LABELS)
-async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> None:
+async def pod_warmup_gate(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
     """Cache the pod; start its warm-up once it needs one; stop it when the pod goes away."""
     memo.cache.observe(PODS.plural, type, body)
     pod = cast(dict[str, Any], dict(body))
     service = pod["metadata"].get("labels", {}).get(constants.LABEL_INFERENCESERVICE)
+    listing = type is None  # the watch's first listing after a start: read afresh
     if service and model_download_failure([pod]) is not None:
         # The Deployment's status does not change when a pod cannot fetch its model.
-        memo.workqueue.add(pod["metadata"]["namespace"], service, trigger="model download")
+        memo.workqueue.add(
+            pod["metadata"]["namespace"], service, trigger="model download", fresh=listing
+        )
     uid = pod["metadata"]["uid"]
-    _queue_status(memo, pod)
+    _queue_status(memo, pod, fresh=listing)
     tasks: dict[str, asyncio.Task[None]] = memo.warmup_tasks
     if type == "DELETED" or pod["metadata"].get("deletionTimestamp"):
         if (task := tasks.pop(uid, None)) is not None:
@@ -156,16 +159,19 @@ async def pod_warmup_gate(type: str, body: kopf.Body, memo: Any, **_: Any) -> No
     task.add_done_callback(lambda _: tasks.pop(uid, None))
 
 
-def _queue_status(memo: Any, pod: dict[str, Any]) -> None:
+def _queue_status(memo: Any, pod: dict[str, Any], *, fresh: bool) -> None:
     """A pod that does not serve (pending, crashing, warming up, gone) may change why its
     InferenceService is not Ready: queue a reconcile, which reads the pod from the cache. A pod
-    turning Ready changes its Deployment's status, whose event queues one already."""
+    turning Ready changes its Deployment's status, whose event queues one already. `fresh` for
+    the pods watch's listing after a start: the watches list in no fixed order, and a reconcile
+    from a cache that has not yet seen the service's children would try to create them again
+    (as the InferenceService handlers' _queue_reconcile)."""
     service = pod["metadata"].get("labels", {}).get(constants.LABEL_INFERENCESERVICE)
     conditions = (pod.get("status") or {}).get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     workqueue = getattr(memo, "workqueue", None)
     if service and not ready and workqueue is not None:
-        workqueue.add(pod["metadata"]["namespace"], service, trigger="pod")
+        workqueue.add(pod["metadata"]["namespace"], service, trigger="pod", fresh=fresh)
 
 
 async def publish_summary(
