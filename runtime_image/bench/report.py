@@ -160,6 +160,11 @@ def load_table(results: dict[str, Any], model: str) -> list[str]:
     return lines
 
 
+def _shares(by_server: dict[str, float], spec: str) -> str:
+    """'label: share, ...' of a per-server figure, each share formatted by ``spec``."""
+    return ", ".join(f"{label}: {share:{spec}}" for label, share in by_server.items())
+
+
 def write_report(results: dict[str, Any], path: Path) -> None:
     lines = [
         "# kiln_runtime benchmark",
@@ -202,17 +207,16 @@ def write_report(results: dict[str, Any], path: Path) -> None:
                 "",
             ]
         if data.get("steal"):
-            stolen = ", ".join(f"{label}: {share:.0%}" for label, share in data["steal"].items())
             lines += [
                 "CPU time taken by the hypervisor for other guests (steal) while each server "
-                f"ran: {stolen}. Above a few percent every number of that server is depressed.",
+                f"ran: {_shares(data['steal'], '.0%')}. Above a few percent every number of "
+                "that server is depressed.",
                 "",
             ]
         if data.get("idle_cpu"):
-            idle = ", ".join(f"{label}: {share:.1%}" for label, share in data["idle_cpu"].items())
             lines += [
                 "CPU each server used of the server core while another was measured (what the "
-                f"idle servers took from the one under load): {idle}.",
+                f"idle servers took from the one under load): {_shares(data['idle_cpu'], '.1%')}.",
                 "",
             ]
         lines += ["Raw in-process forward (the limit), one thread (fp32: mean of before and "
