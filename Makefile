@@ -69,11 +69,35 @@ check: venv ## Regenerate generated files and fail on any difference
 
 # The Kubernetes binaries and the runtime image are made before pytest starts: on a fresh machine
 # each takes minutes, longer than a test's own time limit.
-test: venv lint typecheck check system-deps docker-up cluster-binaries image-runtime ## Every test: lint, types, generated files, unit, integration, images, e2e
-	$(PY) -m pytest tests
+test: venv lint typecheck check system-deps native docker-up cluster-binaries image-runtime ## Every test: lint, types, generated files, unit, integration, images, e2e
+	$(MAKE) --no-print-directory test-runtime-pure
+	KILN_RUNTIME_BUILD=compiled $(PY) -m pytest tests
 
 test-unit: venv ## Unit tests only (no cluster, no network)
 	$(PY) -m pytest tests/unit
+
+# mypyc compiles the runtime's request path in place (runtime_image/setup.py says which modules
+# and why); the image ships that build and `make test` tests it. Remade when a source changes.
+NATIVE := runtime_image/build/.native
+$(NATIVE): $(VENV)/.installed runtime_image/setup.py $(shell find runtime_image/kiln_runtime -name '*.py')
+	mkdir -p runtime_image/build
+	cd runtime_image && KILN_RUNTIME_COMPILE=1 ../$(PY) setup.py -q build_ext --inplace >build/mypyc.log 2>&1 \
+	  || { tail -n 30 build/mypyc.log; exit 1; }
+	touch $@
+
+native: $(NATIVE) ## Compile the runtime's request path in place with mypyc (what the image ships)
+
+clean-native: ## Remove the compiled modules: the working tree runs as pure Python again
+	find runtime_image/kiln_runtime -name '*.so' -delete
+	rm -f $(NATIVE)
+
+# The runtime's unit tests on the pure source too (a copy without the compiled modules): the
+# source is what a reader reads and a debugger steps through, so it must behave the same.
+PURE := .kiln/pure
+test-runtime-pure: venv ## The runtime's unit tests on the pure-Python source (no compiled modules)
+	rm -rf $(PURE) && mkdir -p $(PURE)
+	tar -c --exclude='*.so' --exclude=__pycache__ runtime_image/kiln_runtime runtime_image/bench | tar -x -C $(PURE)
+	KILN_RUNTIME_BUILD=pure $(PY) -m pytest tests/unit/runtime -o pythonpath=$(PURE)/runtime_image -q
 
 MODEL_FROM ?= claim
 demo: venv system-deps cluster-binaries ## Kiln's main job, locally: cluster, operator, a sample service, load (MODEL_FROM=s3: the model from a bucket)
@@ -94,7 +118,7 @@ docs: ## Render docs/architecture.svg from docs/architecture.dot (Graphviz's dot
 	@command -v dot >/dev/null || { echo "make docs needs Graphviz's dot: apt-get install -y graphviz"; exit 1; }
 	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
 
-.PHONY: help venv lock system-deps cluster-binaries cluster-up cluster-down docker-up lint typecheck check test test-unit demo e2e e2e-kind image-operator docs
+.PHONY: help venv lock system-deps cluster-binaries cluster-up cluster-down docker-up lint typecheck check test test-unit native clean-native test-runtime-pure demo e2e e2e-kind image-operator docs
 
 # ---- operator ----
 KUBECTL = $$(bash e2e/cluster/binaries.sh)/kubectl
@@ -140,8 +164,8 @@ base-image: docker-up ## Build the local Debian + Python base image (debootstrap
 	bash e2e/docker/base-image.sh $(RUNTIME_BASE_IMAGE)
 
 image-runtime: base-image ## Build the runtime image from runtime_image/Dockerfile as $(RUNTIME_IMAGE)
-	tar -c --exclude=__pycache__ -C runtime_image Dockerfile pyproject.toml kiln_runtime -C $(CURDIR) constraints.txt \
-	  | bash e2e/docker/build.sh $(RUNTIME_IMAGE) --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE)
+	tar -c --exclude=__pycache__ --exclude='*.so' -C runtime_image Dockerfile pyproject.toml setup.py kiln_runtime \
+	  -C $(CURDIR) constraints.txt | bash e2e/docker/build.sh $(RUNTIME_IMAGE) --build-arg BASE_IMAGE=$(RUNTIME_BASE_IMAGE)
 
 # pytriton pins numpy 1.x, so Triton's side of the benchmark gets its own virtualenv; it sees
 # torch through the main one (a .pth line appended after its own packages).
@@ -152,7 +176,7 @@ $(BENCH_VENV)/.installed: runtime_image/pyproject.toml
 	  > "$$($(BENCH_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-kiln-main-venv.pth"
 	touch $@
 
-bench-runtime: venv $(BENCH_VENV)/.installed ## kiln_runtime vs Triton (pytriton), loopback, and py-spy profiles -> docs/benchmarks/runtime.md
+bench-runtime: venv native $(BENCH_VENV)/.installed ## kiln_runtime vs Triton (pytriton), loopback, and py-spy profiles -> docs/benchmarks/runtime.md
 	bash runtime_image/bench/system-deps.sh
 	cd runtime_image && ../$(PY) -m bench.run --out ../docs/benchmarks --triton-python ../$(BENCH_VENV)/bin/python --profile
 

@@ -9,7 +9,8 @@ packages=(
   prometheus            # the autoscaler's metrics source in tests and the demo
   containerd runc containernetworking-plugins  # the local cluster's real node
   iptables conntrack    # kube-proxy on the real node
-  gcc libc6-dev         # the real node's static sandbox ("pause") binary
+  gcc libc6-dev         # the real node's static sandbox ("pause") binary; `make native` (mypyc)
+  python3-dev           # `make native`: Python's headers, where the interpreter has none of its own
 )
 
 missing=()

@@ -3,7 +3,9 @@
 The benchmark compares Kiln with Triton; a change to the runtime itself is judged against the
 runtime before it, and on a shared 2-core host only numbers taken close together compare. Each
 variant is a directory holding a ``kiln_runtime`` package (the working tree's ``runtime_image``,
-or an older commit's, e.g. from ``git archive COMMIT runtime_image | tar -x -C DIR``). Every
+or an older commit's, e.g. from ``git archive COMMIT runtime_image | tar -x -C DIR``), served
+as it is, as it prints: compiled where its modules are (``make native`` in the working tree,
+``KILN_RUNTIME_COMPILE=1 python setup.py build_ext --inplace`` in DIR), else pure Python. Every
 variant's server runs for the whole session, pinned to the server core; the load goes to one at
 a time, round by round, alternating the order, so drift in the host's load hits each alike.
 Per run: throughput, p50, the server's CPU µs per request (the steadiest figure), the mean
@@ -157,6 +159,7 @@ def main() -> None:
             (model_dir / "config.json").write_text(json.dumps(kept))
         running = {}
         for name, code in variants:
+            print(f"{name}: {code}, {servers.build_of(code)} build", flush=True)
             log = Path(scratch) / f"{name}.log"
             running[name] = stack.enter_context(
                 servers.kiln(model_dir, args.model, SERVER_CORE, log, optimization, code=code)

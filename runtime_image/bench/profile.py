@@ -200,34 +200,33 @@ def profile(
         raise RuntimeError("py-spy not found: pip install py-spy (the runtime's bench extra)")
     x = example_input("mlp", 1).numpy()
     optimization = {"precision": precision}
-    with (
-        servers.kiln(model_dir, "mlp", SERVER_CORE, log, optimization) as server,
-        tempfile.TemporaryDirectory() as scratch,
-    ):
-        port = server.grpc_port if path.startswith("tritonclient-grpc") else server.http_port
-        url = f"{servers.HOST}:{port}"
-        loadgen.run_python_client(path, url, "mlp", x, concurrency=clients, seconds=1.0,
-                                  max_requests=100_000, core=CLIENT_CORE,
-                                  server_pid=server.process.pid)  # fmt: skip
-        raw = Path(scratch) / "stacks.txt"
-        sampler = subprocess.Popen(
-            [spy, "record", "--pid", str(server.process.pid), "--rate", str(rate),
-             "--duration", str(round(seconds)), "--nolineno", "--format", "raw",
-             "--output", str(raw)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        time.sleep(0.5)  # py-spy attached
-        result = loadgen.run_python_client(
-            path, url, "mlp", x, concurrency=clients, seconds=seconds - 1, max_requests=1_000_000,
-            core=CLIENT_CORE, server_pid=server.process.pid,
-        )  # fmt: skip
-        _, stderr = sampler.communicate(timeout=seconds + 60)
-        if sampler.returncode != 0 or not raw.exists():
-            raise RuntimeError(f"py-spy failed ({sampler.returncode}): {stderr[-2000:]}")
-        stacks = parse_collapsed(raw.read_text())
+    with tempfile.TemporaryDirectory() as source, tempfile.TemporaryDirectory() as scratch:
+        pure = servers.pure_copy(Path(source))  # py-spy sees no frame inside compiled code
+        with servers.kiln(model_dir, "mlp", SERVER_CORE, log, optimization, code=pure) as server:
+            port = server.grpc_port if path.startswith("tritonclient-grpc") else server.http_port
+            url = f"{servers.HOST}:{port}"
+            loadgen.run_python_client(path, url, "mlp", x, concurrency=clients, seconds=1.0,
+                                      max_requests=100_000, core=CLIENT_CORE,
+                                      server_pid=server.process.pid)  # fmt: skip
+            raw = Path(scratch) / "stacks.txt"
+            sampler = subprocess.Popen(
+                [spy, "record", "--pid", str(server.process.pid), "--rate", str(rate),
+                 "--duration", str(round(seconds)), "--nolineno", "--format", "raw",
+                 "--output", str(raw)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            time.sleep(0.5)  # py-spy attached
+            result = loadgen.run_python_client(
+                path, url, "mlp", x, concurrency=clients, seconds=seconds - 1,
+                max_requests=1_000_000, core=CLIENT_CORE, server_pid=server.process.pid,
+            )  # fmt: skip
+            _, stderr = sampler.communicate(timeout=seconds + 60)
+            if sampler.returncode != 0 or not raw.exists():
+                raise RuntimeError(f"py-spy failed ({sampler.returncode}): {stderr[-2000:]}")
+            stacks = parse_collapsed(raw.read_text())
     working = busy(stacks)
     title_line = (
-        f"kiln_runtime, MLP {precision}, {title}, {clients} clients: "
+        f"kiln_runtime (pure source), MLP {precision}, {title}, {clients} clients: "
         f"{result.throughput:.0f} req/s, server {result.server_us_per_request:.0f} µs CPU/request"
     )
     svg = out / f"profile-{name}{'' if precision == 'fp32' else '-' + precision}.svg"

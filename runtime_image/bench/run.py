@@ -335,7 +335,8 @@ def main() -> None:
 
     results: dict[str, Any] = {
         "host": {"cpus": os.cpu_count(), "machine": platform.machine(),
-                 "python": platform.python_version()},
+                 "python": platform.python_version(),
+                 "runtime_build": servers.build_of(servers.BENCH_DIR.parent)},
         "seconds_per_run": args.seconds,
         "paths": args.paths,
         "models": {},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,22 @@ from bench import proc
 
 HOST = "127.0.0.1"
 BENCH_DIR = Path(__file__).resolve().parent
+
+
+def build_of(code: Path) -> str:
+    """Which build of kiln_runtime ``code`` holds: ``compiled`` (its request path compiled in
+    place by mypyc, ``make native``: what the image ships) or ``pure`` (Python source only)."""
+    return "compiled" if any((code / "kiln_runtime").glob("_compiled__mypyc*.so")) else "pure"
+
+
+def pure_copy(dest: Path) -> Path:
+    """A copy of this tree's kiln_runtime without its compiled modules, for ``code=``: py-spy
+    reads Python frames, and a compiled function has none."""
+    shutil.copytree(
+        BENCH_DIR.parent / "kiln_runtime", dest / "kiln_runtime",
+        ignore=shutil.ignore_patterns("*.so", "__pycache__"),
+    )  # fmt: skip
+    return dest
 
 
 def free_port() -> int:

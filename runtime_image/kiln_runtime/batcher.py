@@ -26,7 +26,6 @@ import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from kiln_runtime import batch_policy, errors
@@ -47,14 +46,25 @@ class BatchObserver(Protocol):
     def batch_done(self, rows: int, compute_seconds: float) -> None: ...
 
 
-@dataclass
 class _Item(Generic[P, R]):
-    payload: P
-    rows: int
-    key: Hashable
-    enqueued: float
-    deadline: float | None
-    future: asyncio.Future[R | errors.InferError] = field(repr=False)
+    """One request waiting in the queue: its payload, rows, batch key, times and future."""
+
+    def __init__(
+        self,
+        payload: P,
+        *,
+        rows: int,
+        key: Hashable,
+        enqueued: float,
+        deadline: float | None,
+        future: asyncio.Future[R | errors.InferError],
+    ) -> None:
+        self.payload = payload
+        self.rows = rows
+        self.key = key
+        self.enqueued = enqueued
+        self.deadline = deadline
+        self.future = future
 
 
 class DynamicBatcher(Generic[P, R]):
@@ -154,7 +164,7 @@ class DynamicBatcher(Generic[P, R]):
         self._stats = batch_policy.observe_arrival(self._stats, now)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R | errors.InferError] = loop.create_future()
-        item = _Item(payload, rows, key, now, deadline, future)
+        item = _Item(payload, rows=rows, key=key, enqueued=now, deadline=deadline, future=future)
         if self._dispatches_now(item):
             # Alone, at low load, on a model that runs inline: the batcher task would form
             # this same batch of one, two loop turns later. Requests that arrive in this loop
@@ -306,9 +316,9 @@ class DynamicBatcher(Generic[P, R]):
                 )
         except errors.InferError as error:
             results = [error] * len(batch)
-        except Exception as error:
+        except Exception as bug:  # one name per type: mypyc (setup.py)
             log.exception("batch of %d requests failed", len(batch))
-            failure = errors.InferError(errors.ErrorKind.INTERNAL, f"batch failed: {error}")
+            failure = errors.InferError(errors.ErrorKind.INTERNAL, f"batch failed: {bug}")
             results = [failure] * len(batch)
         finally:
             self._computing = False

@@ -241,12 +241,12 @@ class DataPlane:
             late = deadline is not None and time.perf_counter() >= deadline
             code = "deadline" if late else errors.CANCELLED_METRIC_CODE
             raise
-        except Exception as error:
+        except Exception as bug:  # one name per type: mypyc (setup.py)
             code = errors.INTERNAL_METRIC_CODE
             log.exception("internal error answering a %s infer request", protocol)
             raise errors.InferError(
                 errors.ErrorKind.INTERNAL, "internal error; see server log"
-            ) from error
+            ) from bug
         finally:
             self.request_finished(protocol, code, time.perf_counter() - started)
 

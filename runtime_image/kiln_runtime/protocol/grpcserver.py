@@ -253,28 +253,9 @@ class GrpcService:
             trailers = _OK_TRAILERS
         return Response(_OK_HEADERS, b"", trailers)
 
-    async def _messages(self, request: Request, request_type: Any) -> AsyncIterator[Any]:
+    def _messages(self, request: Request, request_type: Any) -> AsyncIterator[Any]:
         """A streamed request's messages, each as soon as it is complete."""
-        arrived = request.arrived
-        assert arrived is not None
-        buffer = b""
-        while True:
-            if request.chunks:
-                buffer += b"".join(request.chunks)
-                request.chunks.clear()
-            if len(buffer) >= 5 and len(buffer) >= 5 + int.from_bytes(buffer[1:5], "big"):
-                end = 5 + int.from_bytes(buffer[1:5], "big")
-                message, buffer = buffer[:end], buffer[end:]
-                yield await self._unframe_one(message, request, request_type)
-                continue
-            if request.ended:
-                if buffer:
-                    raise errors.invalid("the stream ends inside a gRPC message")
-                return
-            if request.too_large:
-                raise _Refused("RESOURCE_EXHAUSTED", "the stream exceeds its size limit")
-            arrived.clear()
-            await arrived.wait()
+        return _StreamedMessages(self, request, request_type)
 
     async def _unframe_one(self, framed: bytes, request: Request, request_type: Any) -> Any:
         one = Request(request.stream_id, request.headers, [framed], len(framed))
@@ -383,3 +364,41 @@ class GrpcServer:
                 if not connection.closed.done():
                     connection.abort()
         await self._server.wait_closed()
+
+
+class _StreamedMessages:
+    """A streamed request's messages as an async iterator, each as soon as it is complete.
+
+    A class rather than an async generator: mypyc compiles no async generators (setup.py).
+    """
+
+    def __init__(self, server: GrpcService, request: Request, request_type: Any) -> None:
+        assert request.arrived is not None
+        self._server = server
+        self._request = request
+        self._request_type = request_type
+        self._arrived: asyncio.Event = request.arrived
+        self._buffer = b""
+
+    def __aiter__(self) -> _StreamedMessages:
+        return self
+
+    async def __anext__(self) -> Any:
+        request = self._request
+        while True:
+            if request.chunks:
+                self._buffer += b"".join(request.chunks)
+                request.chunks.clear()
+            buffer = self._buffer
+            if len(buffer) >= 5 and len(buffer) >= 5 + int.from_bytes(buffer[1:5], "big"):
+                end = 5 + int.from_bytes(buffer[1:5], "big")
+                message, self._buffer = buffer[:end], buffer[end:]
+                return await self._server._unframe_one(message, request, self._request_type)
+            if request.ended:
+                if buffer:
+                    raise errors.invalid("the stream ends inside a gRPC message")
+                raise StopAsyncIteration
+            if request.too_large:
+                raise _Refused("RESOURCE_EXHAUSTED", "the stream exceeds its size limit")
+            self._arrived.clear()
+            await self._arrived.wait()

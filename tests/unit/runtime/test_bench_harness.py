@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import ab, abuse_page, loadgen, proc, report, run
+from bench import ab, abuse_page, loadgen, proc, report, run, servers
 from bench import profile as profiling
 from kiln_runtime.protocol.rest import decode_infer
 
@@ -223,6 +223,27 @@ def test_the_report_shows_each_profile_with_its_flame_graph() -> None:
     assert "[profile-grpc-tritonclient.svg](profile-grpc-tritonclient.svg)" in "\n".join(lines)
     assert "| model forward (torch) | 25.0% | 50 |" in lines
     assert report.profile_section([]) == []
+
+
+def test_the_report_names_the_build_it_measured(tmp_path: Path) -> None:
+    tree = tmp_path / "runtime_image"
+    (tree / "kiln_runtime").mkdir(parents=True)
+    (tree / "kiln_runtime" / "dataplane.py").write_text("")
+    assert servers.build_of(tree) == "pure"
+    (tree / "kiln_runtime" / "_compiled__mypyc.cpython-311-x86_64-linux-gnu.so").write_text("")
+    assert servers.build_of(tree) == "compiled"
+
+    copy = servers.pure_copy(tmp_path / "copy")
+    assert not list((copy / "kiln_runtime").rglob("*.so"))
+    assert (copy / "kiln_runtime" / "dataplane.py").exists()
+
+    page = tmp_path / "runtime.md"
+    measured = results({})
+    report.write_report(measured, page)  # a run from before the field: pure Python
+    assert "kiln_runtime as pure Python (not compiled" in page.read_text()
+    measured["host"]["runtime_build"] = "compiled"
+    report.write_report(measured, page)
+    assert "its request path compiled by mypyc" in page.read_text()
 
 
 class _IdleServer:

@@ -281,8 +281,8 @@ class Receiving(Answering):
             oversized = True  # the table is in step: only this stream fails
             if error.path:  # all that is kept: which method the refused call was for
                 fields = ((b":path", error.path),)
-        except hpack.HpackError as error:
-            raise ProtocolViolation(COMPRESSION_ERROR, str(error)) from None
+        except hpack.HpackError as bad_block:  # one name per type: mypyc (setup.py)
+            raise ProtocolViolation(COMPRESSION_ERROR, str(bad_block)) from None
         stream = self._streams.get(stream_id)
         if stream is not None:  # trailers of a request: they must end it
             if stream.remote_closed:

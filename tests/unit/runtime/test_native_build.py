@@ -1,0 +1,71 @@
+"""Which build of the runtime a test run exercises: the mypyc-compiled request path, or the source.
+
+`make test` runs every tier on the compiled build (`KILN_RUNTIME_BUILD=compiled`: what the image
+ships) and the runtime's unit tests once more on the pure source (`=pure`). A module missing
+from the build, or compiled from an older source, would test code that is not the code shipped:
+these fail then, with what to run. Without the variable (a developer's own pytest run) the tree
+is either wholly compiled and current, or not compiled at all.
+"""
+
+import importlib
+import importlib.util
+import os
+from pathlib import Path
+from types import ModuleType
+
+import kiln_runtime
+
+PACKAGE_DIR = Path(kiln_runtime.__file__).parent
+RUNTIME_DIR = PACKAGE_DIR.parent
+BUILD = os.environ.get("KILN_RUNTIME_BUILD", "")
+
+
+def compiled_module_names() -> list[str]:
+    """setup.py's COMPILED, as module names (the setup.py of the tree under test, or of the
+    working tree when the pure copy carries none)."""
+    setup_py = RUNTIME_DIR / "setup.py"
+    if not setup_py.exists():
+        setup_py = Path(__file__).parents[3] / "runtime_image" / "setup.py"
+    spec = importlib.util.spec_from_file_location("kiln_runtime_setup", setup_py)
+    assert spec is not None and spec.loader is not None
+    setup: ModuleType = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup)
+    return [path.removesuffix(".py").replace("/", ".") for path in setup.COMPILED]
+
+
+def is_compiled(name: str) -> bool:
+    return not str(importlib.import_module(name).__file__).endswith(".py")
+
+
+def test_setup_compiles_the_modules_a_request_runs_through() -> None:
+    names = compiled_module_names()
+    for name in ["kiln_runtime.protocol.http2.connection", "kiln_runtime.batcher"]:
+        assert name in names
+    for name in names:  # each one a module of the package
+        assert (RUNTIME_DIR / (name.replace(".", "/") + ".py")).exists(), name
+
+
+def test_the_run_exercises_the_build_it_names() -> None:
+    compiled = {name: is_compiled(name) for name in compiled_module_names()}
+    if BUILD == "compiled":
+        missing = sorted(name for name, yes in compiled.items() if not yes)
+        assert not missing, f"not compiled (run `make native`): {missing}"
+    elif BUILD == "pure":
+        stray = sorted(name for name, yes in compiled.items() if yes)
+        assert not stray, f"compiled modules in a pure run: {stray}"
+    else:
+        assert len(set(compiled.values())) == 1, f"a partly compiled tree: {compiled}"
+
+
+def test_compiled_modules_are_not_older_than_their_source() -> None:
+    """The group's shared library is remade whenever any compiled module's source changes."""
+    libraries = list(PACKAGE_DIR.glob("_compiled__mypyc*.so"))
+    if BUILD == "pure" or not libraries:
+        assert BUILD != "compiled", "no compiled request path (run `make native`)"
+        return
+    built = max(library.stat().st_mtime for library in libraries)
+    newer = sorted(
+        name for name in compiled_module_names()
+        if (RUNTIME_DIR / (name.replace(".", "/") + ".py")).stat().st_mtime > built
+    )  # fmt: skip
+    assert not newer, f"edited after the build (run `make native`): {newer}"
