@@ -13,8 +13,8 @@ Variants: ``aio`` (grpc.aio, request parsed and response serialised by protobuf)
 (grpc.aio, identity (de)serialisers, pre-serialised response: the transport alone), ``sync``
 (``grpc.server`` with a thread pool), ``sync-bridge`` (the same, each call handed to an asyncio
 loop in another thread and waited for, as a sync server in front of the runtime's asyncio data
-plane would have to), and ``aio-uvloop`` when ``uvloop`` is importable (it is not a runtime
-dependency: put it on ``PYTHONPATH`` from a scratch directory), and ``kiln`` (the runtime's own
+plane would have to), ``aio-uvloop`` (grpc.aio on uvloop's event loop, which ``serve`` runs
+the runtime's own transports on), and ``kiln`` (the runtime's own
 transport, ``kiln_runtime.protocol.grpcserver``, with the same constant answer), and ``h2``
 (the same service over python-hyper's ``h2`` state machine, ``bench.h2_transport``: the
 transport decision's A/B; run them interleaved with ``--variants kiln h2 --repeat N``).
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import os
 import subprocess
 import sys
@@ -202,7 +201,7 @@ def main() -> None:
         serve(args.serve, args.port)
         return
     os.sched_setaffinity(0, {CLIENT_CORE})
-    variants = [v for v in args.variants if v != "aio-uvloop" or importlib.util.find_spec("uvloop")]
+    variants = args.variants
     print(f"grpcio {grpc.__version__}, h2load c={args.clients} -m1, {args.seconds:.0f} s each")
     print("| server | req/s | p50 ms | server CPU | CPU us/call | errors |")
     print("|---|---|---|---|---|---|")

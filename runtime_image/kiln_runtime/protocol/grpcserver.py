@@ -30,6 +30,7 @@ from kiln_runtime.protocol.http2.budgets import HealthReserve, MemoryBudget
 from kiln_runtime.protocol.http2.connection import Http2Connection
 from kiln_runtime.protocol.http2.messages import Request, Response
 from kiln_runtime.protocol.http2.state import ConnectionState
+from kiln_runtime.protocol.listening import listening_port
 
 log = logging.getLogger(__name__)
 
@@ -348,7 +349,7 @@ class GrpcServer:
             ),
             host, port, backlog=1024,
         )  # fmt: skip
-        return int(self._server.sockets[0].getsockname()[1])
+        return listening_port(self._server)
 
     async def stop(self, grace: float) -> None:
         """Stop listening, GOAWAY every connection, close them when answered or at ``grace``."""

@@ -16,11 +16,13 @@ import asyncio
 import collections
 import logging
 from dataclasses import dataclass, field
+from typing import cast
 
 import httptools
 
 from kiln_runtime.config import HttpLimits
 from kiln_runtime.protocol.http2.budgets import HealthReserve
+from kiln_runtime.protocol.listening import listening_port
 from kiln_runtime.protocol.rest import HttpResponse, RestAdapter, json_response
 
 log = logging.getLogger(__name__)
@@ -110,7 +112,8 @@ class HttpConnection(asyncio.Protocol):
     # asyncio.Protocol ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports have Transport's methods without its class: no isinstance.
+        transport = cast(asyncio.Transport, transport)
         shared = self._shared
         full = (
             len(shared.connections)
@@ -420,7 +423,7 @@ class HttpServer:
         self._server = await loop.create_server(
             lambda: HttpConnection(self._shared), host, port, backlog=1024
         )
-        return int(self._server.sockets[0].getsockname()[1])
+        return listening_port(self._server)
 
     async def stop(self) -> None:
         """Stop listening and close idle connections (the caller drained in-flight work)."""

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import random
 import struct
+from typing import cast
 
 from kiln_runtime.protocol.http2.receiving import Receiving
 from kiln_runtime.protocol.http2.settings import server_preface
@@ -47,7 +48,8 @@ class Http2Connection(Receiving):
     # asyncio.Protocol ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports have Transport's methods without its class: no isinstance.
+        transport = cast(asyncio.Transport, transport)
         limits = self._limits
         full = len(self._connections) >= limits.max_connections + limits.health_connections
         if full and not (limits.health_connections and self._health.evict_idle()):
