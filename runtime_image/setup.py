@@ -47,6 +47,8 @@ COMPILED = [
     "kiln_runtime/protocol/http2/state.py",
     "kiln_runtime/protocol/http2/wire.py",
 ]
+# The compiled modules share one library, ``kiln_runtime/_compiled__mypyc*.so``.
+GROUP = "kiln_runtime._compiled"
 # No config file, so a build in the image and one in the working tree type the same way
 # (the project's strict mypy run checks these modules on every test run); modules without
 # type information (tritonclient, protobuf's generated code) are typed as Any.
@@ -58,8 +60,7 @@ def extensions() -> list[object]:
         return []
     from mypyc.build import mypycify
 
-    modules = mypycify([*MYPY_FLAGS, *COMPILED], opt_level="3", group_name="kiln_runtime._compiled")
-    return list(modules)
+    return list(mypycify([*MYPY_FLAGS, *COMPILED], opt_level="3", group_name=GROUP))
 
 
 if __name__ == "__main__":  # as setuptools runs it; the tests import COMPILED

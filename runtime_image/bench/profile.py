@@ -190,9 +190,11 @@ def profile(
     seconds: float,
     rate: int,
     log: Path,
+    code: Path,
     precision: str = "fp32",
 ) -> dict[str, Any]:
-    """One profile: serve the MLP, load it through the profile's client, sample with py-spy."""
+    """One profile: serve the MLP from ``code`` (a pure copy: py-spy sees no frame inside
+    compiled code), load it through the profile's client, sample with py-spy."""
     path, clients, title = PROFILES[name]
     beside = Path(sys.executable).with_name("py-spy")  # the virtualenv's, off PATH under make
     spy = str(beside) if beside.exists() else shutil.which("py-spy")
@@ -200,30 +202,31 @@ def profile(
         raise RuntimeError("py-spy not found: pip install py-spy (the runtime's bench extra)")
     x = example_input("mlp", 1).numpy()
     optimization = {"precision": precision}
-    with tempfile.TemporaryDirectory() as source, tempfile.TemporaryDirectory() as scratch:
-        pure = servers.pure_copy(Path(source))  # py-spy sees no frame inside compiled code
-        with servers.kiln(model_dir, "mlp", SERVER_CORE, log, optimization, code=pure) as server:
-            port = server.grpc_port if path.startswith("tritonclient-grpc") else server.http_port
-            url = f"{servers.HOST}:{port}"
-            loadgen.run_python_client(path, url, "mlp", x, concurrency=clients, seconds=1.0,
-                                      max_requests=100_000, core=CLIENT_CORE,
-                                      server_pid=server.process.pid)  # fmt: skip
-            raw = Path(scratch) / "stacks.txt"
-            sampler = subprocess.Popen(
-                [spy, "record", "--pid", str(server.process.pid), "--rate", str(rate),
-                 "--duration", str(round(seconds)), "--nolineno", "--format", "raw",
-                 "--output", str(raw)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            )  # fmt: skip
-            time.sleep(0.5)  # py-spy attached
-            result = loadgen.run_python_client(
-                path, url, "mlp", x, concurrency=clients, seconds=seconds - 1,
-                max_requests=1_000_000, core=CLIENT_CORE, server_pid=server.process.pid,
-            )  # fmt: skip
-            _, stderr = sampler.communicate(timeout=seconds + 60)
-            if sampler.returncode != 0 or not raw.exists():
-                raise RuntimeError(f"py-spy failed ({sampler.returncode}): {stderr[-2000:]}")
-            stacks = parse_collapsed(raw.read_text())
+    with (
+        servers.kiln(model_dir, "mlp", SERVER_CORE, log, optimization, code=code) as server,
+        tempfile.TemporaryDirectory() as scratch,
+    ):
+        port = server.grpc_port if path.startswith("tritonclient-grpc") else server.http_port
+        url = f"{servers.HOST}:{port}"
+        loadgen.run_python_client(path, url, "mlp", x, concurrency=clients, seconds=1.0,
+                                  max_requests=100_000, core=CLIENT_CORE,
+                                  server_pid=server.process.pid)  # fmt: skip
+        raw = Path(scratch) / "stacks.txt"
+        sampler = subprocess.Popen(
+            [spy, "record", "--pid", str(server.process.pid), "--rate", str(rate),
+             "--duration", str(round(seconds)), "--nolineno", "--format", "raw",
+             "--output", str(raw)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(0.5)  # py-spy attached
+        result = loadgen.run_python_client(
+            path, url, "mlp", x, concurrency=clients, seconds=seconds - 1, max_requests=1_000_000,
+            core=CLIENT_CORE, server_pid=server.process.pid,
+        )  # fmt: skip
+        _, stderr = sampler.communicate(timeout=seconds + 60)
+        if sampler.returncode != 0 or not raw.exists():
+            raise RuntimeError(f"py-spy failed ({sampler.returncode}): {stderr[-2000:]}")
+        stacks = parse_collapsed(raw.read_text())
     working = busy(stacks)
     title_line = (
         f"kiln_runtime (pure source), MLP {precision}, {title}, {clients} clients: "
@@ -253,11 +256,12 @@ def run_profiles(
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(scratch) / "mlp"
         write_example("mlp", model_dir)
+        pure = servers.pure_copy(Path(scratch) / "source")  # once for all the profiles
         found = []
         for name in names:
             print(f"profile: {name}", flush=True)
             found.append(profile(model_dir, name, out, seconds=seconds, rate=rate,
-                                 log=Path(scratch) / f"{name}.log",
+                                 log=Path(scratch) / f"{name}.log", code=pure,
                                  precision=precision))  # fmt: skip
             for category_name, share in found[-1]["breakdown"].items():
                 print(f"  {share:6.1%} {category_name}", flush=True)

@@ -256,11 +256,7 @@ class GrpcService:
 
     def _messages(self, request: Request, request_type: Any) -> AsyncIterator[Any]:
         """A streamed request's messages, each as soon as it is complete."""
-        return _StreamedMessages(self, request, request_type)
-
-    async def _unframe_one(self, framed: bytes, request: Request, request_type: Any) -> Any:
-        one = Request(request.stream_id, request.headers, [framed], len(framed))
-        return await self._unframe(one, request_type)
+        return _StreamedMessages(request, request_type, self._unframe)
 
     async def _unframe(self, request: Request, request_type: Any) -> Any:
         body = request.body
@@ -373,11 +369,16 @@ class _StreamedMessages:
     A class rather than an async generator: mypyc compiles no async generators (setup.py).
     """
 
-    def __init__(self, server: GrpcService, request: Request, request_type: Any) -> None:
+    def __init__(
+        self,
+        request: Request,
+        request_type: Any,
+        unframe: Callable[[Request, Any], Awaitable[Any]],
+    ) -> None:
         assert request.arrived is not None
-        self._server = server
         self._request = request
         self._request_type = request_type
+        self._unframe = unframe  # GrpcService._unframe: one message, as a unary request's body
         self._arrived: asyncio.Event = request.arrived
         self._buffer = b""
 
@@ -391,10 +392,11 @@ class _StreamedMessages:
                 self._buffer += b"".join(request.chunks)
                 request.chunks.clear()
             buffer = self._buffer
-            if len(buffer) >= 5 and len(buffer) >= 5 + int.from_bytes(buffer[1:5], "big"):
-                end = 5 + int.from_bytes(buffer[1:5], "big")
-                message, self._buffer = buffer[:end], buffer[end:]
-                return await self._server._unframe_one(message, request, self._request_type)
+            end = 5 + int.from_bytes(buffer[1:5], "big") if len(buffer) >= 5 else -1
+            if 0 < end <= len(buffer):
+                framed, self._buffer = buffer[:end], buffer[end:]
+                one = Request(request.stream_id, request.headers, [framed], len(framed))
+                return await self._unframe(one, self._request_type)
             if request.ended:
                 if buffer:
                     raise errors.invalid("the stream ends inside a gRPC message")

@@ -7,6 +7,7 @@ these fail then, with what to run. Without the variable (a developer's own pytes
 is either wholly compiled and current, or not compiled at all.
 """
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -16,21 +17,28 @@ from types import ModuleType
 import kiln_runtime
 
 PACKAGE_DIR = Path(kiln_runtime.__file__).parent
-RUNTIME_DIR = PACKAGE_DIR.parent
+RUNTIME_DIR = PACKAGE_DIR.parent  # the tree under test (the pure run's is a copy)
 BUILD = os.environ.get("KILN_RUNTIME_BUILD", "")
 
 
-def compiled_module_names() -> list[str]:
-    """setup.py's COMPILED, as module names (the setup.py of the tree under test, or of the
-    working tree when the pure copy carries none)."""
-    setup_py = RUNTIME_DIR / "setup.py"
-    if not setup_py.exists():
-        setup_py = Path(__file__).parents[3] / "runtime_image" / "setup.py"
+@functools.cache
+def setup_script() -> ModuleType:
+    """The working tree's runtime_image/setup.py (the pure copy carries none), read once."""
+    setup_py = Path(__file__).parents[3] / "runtime_image" / "setup.py"
     spec = importlib.util.spec_from_file_location("kiln_runtime_setup", setup_py)
     assert spec is not None and spec.loader is not None
-    setup: ModuleType = importlib.util.module_from_spec(spec)
+    setup = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(setup)
-    return [path.removesuffix(".py").replace("/", ".") for path in setup.COMPILED]
+    return setup
+
+
+def compiled_module_names() -> list[str]:
+    """setup.py's COMPILED, as module names."""
+    return [path.removesuffix(".py").replace("/", ".") for path in setup_script().COMPILED]
+
+
+def source_of(name: str) -> Path:
+    return RUNTIME_DIR / (name.replace(".", "/") + ".py")
 
 
 def is_compiled(name: str) -> bool:
@@ -42,7 +50,7 @@ def test_setup_compiles_the_modules_a_request_runs_through() -> None:
     for name in ["kiln_runtime.protocol.http2.connection", "kiln_runtime.batcher"]:
         assert name in names
     for name in names:  # each one a module of the package
-        assert (RUNTIME_DIR / (name.replace(".", "/") + ".py")).exists(), name
+        assert source_of(name).exists(), name
 
 
 def test_the_run_exercises_the_build_it_names() -> None:
@@ -59,13 +67,13 @@ def test_the_run_exercises_the_build_it_names() -> None:
 
 def test_compiled_modules_are_not_older_than_their_source() -> None:
     """The group's shared library is remade whenever any compiled module's source changes."""
-    libraries = list(PACKAGE_DIR.glob("_compiled__mypyc*.so"))
+    library = setup_script().GROUP.rpartition(".")[2] + "__mypyc*.so"
+    libraries = list(PACKAGE_DIR.glob(library))
     if BUILD == "pure" or not libraries:
         assert BUILD != "compiled", "no compiled request path (run `make native`)"
         return
-    built = max(library.stat().st_mtime for library in libraries)
+    built = max(found.stat().st_mtime for found in libraries)
     newer = sorted(
-        name for name in compiled_module_names()
-        if (RUNTIME_DIR / (name.replace(".", "/") + ".py")).stat().st_mtime > built
-    )  # fmt: skip
+        name for name in compiled_module_names() if source_of(name).stat().st_mtime > built
+    )
     assert not newer, f"edited after the build (run `make native`): {newer}"
