@@ -23,7 +23,8 @@ kind get clusters | grep -qx "$cluster" || kind create cluster --name "$cluster"
 # Each context is its directory plus the project's constraints.txt (the Dockerfiles pin with it).
 tar -c --exclude=__pycache__ -C operator Dockerfile pyproject.toml kiln_operator -C "$PWD" constraints.txt \
   | docker build --build-arg BASE_IMAGE="$base_image" -t "$operator_image" -
-tar -c --exclude=__pycache__ -C runtime_image Dockerfile pyproject.toml kiln_runtime -C "$PWD" constraints.txt \
+tar -c --exclude=__pycache__ --exclude='*.so' -C runtime_image Dockerfile pyproject.toml setup.py kiln_runtime \
+  -C "$PWD" constraints.txt \
   | docker build --build-arg BASE_IMAGE="$base_image" -t "$runtime_image" -
 # The CPU sample serves /opt/models/mlp.pt from inside the image: bake the example MLP in.
 docker build -t "$runtime_image-example" - <<DOCKERFILE

@@ -12,7 +12,7 @@ What had to be configured, and why:
   ``down``/``up`` and new checkouts.
 - No registry is reachable: the sandbox ("pause") image is a static binary built here from
   ``pause.c`` and imported, and ``sandbox_image`` names it. Kiln's runtime image is imported from
-  Docker the same way, once per image ID.
+  Docker the same way, once per image ID; the image its tag named before is then removed.
 - This machine's root lacks CAP_SYS_RESOURCE, so no process may lower its OOM score below its
   parent's; the kubelet asks for -998 for sandboxes. containerd's ``restrict_oom_score_adj``
   clamps such requests instead of failing every sandbox.
@@ -188,7 +188,11 @@ def advertise_gpus_patch(gpus: int) -> str:
 
 
 def import_image(paths: NodePaths, image: str, build: Callable[[], None] | None = None) -> None:
-    """Import a Docker image into the node's containerd once per image ID (no registry here)."""
+    """Import a Docker image into the node's containerd once per image ID (no registry here).
+
+    The store outlives the cluster and the checkout, and the kubelet's image garbage collection
+    is off, so the image this one replaces under its tag is removed here: after the import, so
+    that the layers the two share (torch's several GB among them) stay where they are."""
     if build is not None and not _docker_has(image):
         build()
     image_id = subprocess.run(
@@ -198,6 +202,7 @@ def import_image(paths: NodePaths, image: str, build: Callable[[], None] | None 
     marker = paths.imported / image_id.replace(":", "-")
     if marker.exists() and image in ctr(paths, "images", "ls", "-q"):
         return
+    _remove_stale_images(paths)  # what an earlier run left, before this import needs the space
     # Streamed: the runtime image is several GB.
     saved = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
     imported = subprocess.run(
@@ -207,9 +212,39 @@ def import_image(paths: NodePaths, image: str, build: Callable[[], None] | None 
     if saved.stdout is not None:
         saved.stdout.close()
     if saved.wait(timeout=60) != 0 or imported.returncode != 0:
-        raise RuntimeError(f"importing {image} failed: {imported.stderr.decode().strip()}")
+        free = shutil.disk_usage(paths.containerd_root).free
+        raise RuntimeError(
+            f"importing {image} failed ({free / 2**30:.1f} GiB free in {paths.containerd_root}): "
+            f"{imported.stderr.decode().strip()}"
+        )
     paths.imported.mkdir(parents=True, exist_ok=True)
     marker.touch()
+    _remove_stale_images(paths)
+
+
+def _remove_stale_images(paths: NodePaths) -> None:
+    stale = stale_images(ctr(paths, "images", "ls"))
+    if stale:
+        # --sync: containerd's garbage collection frees their layers (those no image shares).
+        ctr(paths, "images", "rm", "--sync", *stale)
+
+
+def stale_images(listing: str) -> list[str]:
+    """The images no tag names any more, from ``ctr images ls``.
+
+    The CRI plugin names each image by its ID (``sha256:...``) as well as by its tag, so when a
+    tag moves to a new import, the image it named stays behind under its ID alone: nothing here
+    will run it again, and each is several GB. An ID naming the same manifest as a tag is kept."""
+    refs = _image_refs(listing)
+    by_id = {ref: digest for ref, digest in refs.items() if ref.startswith("sha256:")}
+    tagged = {digest for ref, digest in refs.items() if ref not in by_id}
+    return [ref for ref, digest in by_id.items() if digest not in tagged]
+
+
+def _image_refs(listing: str) -> dict[str, str]:
+    """``ctr images ls`` as {name: manifest digest} (columns REF TYPE DIGEST SIZE ...)."""
+    rows = [line.split() for line in listing.splitlines()[1:]]
+    return {row[0]: row[2] for row in rows if len(row) >= 3}
 
 
 def teardown(paths: NodePaths, node_bin_dir: Path) -> None:
