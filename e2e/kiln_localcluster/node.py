@@ -46,6 +46,7 @@ NODE_IP = "10.245.0.1"
 SANDBOX_IMAGE = "kiln.local/pause:1"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 CONTAINERD_NAMESPACE = "k8s.io"
+HOLD_SUFFIX = "kiln-previous"  # the tag an image keeps while its successor is imported
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
@@ -203,7 +204,33 @@ def import_image(paths: NodePaths, image: str, build: Callable[[], None] | None 
     if marker.exists() and image in ctr(paths, "images", "ls", "-q"):
         return
     _remove_stale_images(paths)  # what an earlier run left, before this import needs the space
-    # Streamed: the runtime image is several GB.
+    # The image the tag names now keeps a second name until the new one has unpacked: the
+    # import moves the tag first, and containerd's garbage collection would otherwise take the
+    # old image's layers, the very ones the new image reuses, from under the unpacking.
+    current = [ref for ref in _image_refs(ctr(paths, "images", "ls"))
+               if ref == image or ref.endswith("/" + image)]  # fmt: skip
+    holds = [f"{ref}-{HOLD_SUFFIX}" for ref in current]
+    for ref, hold in zip(current, holds, strict=True):
+        ctr(paths, "images", "tag", "--force", ref, hold)
+    try:
+        error = _stream_into_containerd(paths, image)
+    finally:
+        if holds:
+            ctr(paths, "images", "rm", *holds)
+    if error is not None:
+        free = shutil.disk_usage(paths.containerd_root).free
+        raise RuntimeError(
+            f"importing {image} failed ({free / 2**30:.1f} GiB free in {paths.containerd_root}): "
+            f"{error}"
+        )
+    paths.imported.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    _remove_stale_images(paths)
+
+
+def _stream_into_containerd(paths: NodePaths, image: str) -> str | None:
+    """``docker save | ctr images import``, streamed (the runtime image is several GB): the
+    error, or None."""
     saved = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
     imported = subprocess.run(
         ["ctr", f"--address={paths.socket}", "-n", CONTAINERD_NAMESPACE, "images", "import", "-"],
@@ -212,14 +239,8 @@ def import_image(paths: NodePaths, image: str, build: Callable[[], None] | None 
     if saved.stdout is not None:
         saved.stdout.close()
     if saved.wait(timeout=60) != 0 or imported.returncode != 0:
-        free = shutil.disk_usage(paths.containerd_root).free
-        raise RuntimeError(
-            f"importing {image} failed ({free / 2**30:.1f} GiB free in {paths.containerd_root}): "
-            f"{imported.stderr.decode().strip()}"
-        )
-    paths.imported.mkdir(parents=True, exist_ok=True)
-    marker.touch()
-    _remove_stale_images(paths)
+        return imported.stderr.decode().strip() or f"docker save {image} failed"
+    return None
 
 
 def _remove_stale_images(paths: NodePaths) -> None:
