@@ -90,7 +90,7 @@ class NodePaths:
 
     @property
     def imported(self) -> Path:
-        """One empty file per image ID already imported into containerd."""
+        """One file per image ID imported into containerd: the manifest its tag named then."""
         return _image_cache() / "imported"
 
     @property
@@ -200,15 +200,17 @@ def import_image(paths: NodePaths, image: str, build: Callable[[], None] | None 
         ["docker", "image", "inspect", "--format={{.Id}}", image],
         capture_output=True, text=True, check=True, timeout=60,
     ).stdout.strip()  # fmt: skip
+    # The marker holds the manifest the tag named after this image's import: the tag may have
+    # moved to another import since.
     marker = paths.imported / image_id.replace(":", "-")
-    if marker.exists() and image in ctr(paths, "images", "ls", "-q"):
+    refs = _image_refs(ctr(paths, "images", "ls"))
+    current = _names_of(image, refs)
+    if marker.exists() and current and refs[current[0]] == marker.read_text():
         return
     _remove_stale_images(paths)  # what an earlier run left, before this import needs the space
     # The image the tag names now keeps a second name until the new one has unpacked: the
     # import moves the tag first, and containerd's garbage collection would otherwise take the
     # old image's layers, the very ones the new image reuses, from under the unpacking.
-    current = [ref for ref in _image_refs(ctr(paths, "images", "ls"))
-               if ref == image or ref.endswith("/" + image)]  # fmt: skip
     holds = [f"{ref}-{HOLD_SUFFIX}" for ref in current]
     for ref, hold in zip(current, holds, strict=True):
         ctr(paths, "images", "tag", "--force", ref, hold)
@@ -223,9 +225,19 @@ def import_image(paths: NodePaths, image: str, build: Callable[[], None] | None 
             f"importing {image} failed ({free / 2**30:.1f} GiB free in {paths.containerd_root}): "
             f"{error}"
         )
+    refs = _image_refs(ctr(paths, "images", "ls"))
+    current = _names_of(image, refs)
+    if not current:
+        raise RuntimeError(f"importing {image}: containerd lists no image by that name")
     paths.imported.mkdir(parents=True, exist_ok=True)
-    marker.touch()
+    marker.write_text(refs[current[0]])
     _remove_stale_images(paths)
+
+
+def _names_of(image: str, refs: dict[str, str]) -> list[str]:
+    """containerd's names for a Docker reference (``kiln/runtime:dev`` is
+    ``docker.io/kiln/runtime:dev`` there)."""
+    return [ref for ref in refs if ref == image or ref.endswith("/" + image)]
 
 
 def _stream_into_containerd(paths: NodePaths, image: str) -> str | None:
