@@ -177,6 +177,9 @@ def start_operator(kiln_crds: Cluster) -> Iterator[Any]:
     yield start
     for process in started:
         process.stop()
+    # Captured: pytest shows a fixture's teardown output with a failed test's report only.
+    for log in sorted(logs.glob("*.log")):
+        print(f"--- last lines of {log.name}", *log.read_text().splitlines()[-60:], sep="\n")
     shutil.rmtree(logs, ignore_errors=True)
 
 

@@ -40,14 +40,21 @@ def endpoint_ips(cluster: Cluster, namespace: str, service: str) -> set[str]:
 def wait_gate(
     cluster: Cluster, namespace: str, service: str, *, status: str, timeout: float = 120
 ) -> dict[str, Any]:
+    seen: list[dict[str, Any] | None] = []  # the gates of the last look, for a timeout's message
+
     def decided() -> dict[str, Any] | None:
-        for pod in pods(cluster, namespace, service):
+        found = pods(cluster, namespace, service)
+        seen[:] = [gate_of(pod) for pod in found]
+        for pod in found:
             gate = gate_of(pod)
             if gate and gate["status"] == status and gate.get("reason") != "WarmingUp":
                 return pod
         return None
 
-    return wait_for(decided, timeout=timeout, description=f"a pod's gate {status} in {service}")
+    try:
+        return wait_for(decided, timeout=timeout, description=f"a pod's gate {status} in {service}")
+    except TimeoutError as error:
+        raise TimeoutError(f"{error}; the gates seen last: {seen}") from error
 
 
 def test_warm_pod_becomes_ready_and_joins_the_service(
