@@ -203,11 +203,12 @@ def import_image(paths: NodePaths, image: str, build: Callable[[], None] | None 
     # The marker holds the manifest the tag named after this image's import: the tag may have
     # moved to another import since.
     marker = paths.imported / image_id.replace(":", "-")
-    refs = _image_refs(ctr(paths, "images", "ls"))
+    listing = ctr(paths, "images", "ls")
+    refs = _image_refs(listing)
     current = _names_of(image, refs)
     if marker.exists() and current and refs[current[0]] == marker.read_text():
         return
-    _remove_stale_images(paths)  # what an earlier run left, before this import needs the space
+    _remove(paths, stale_images(listing))  # an earlier run's, before this import needs the space
     # The image the tag names now keeps a second name until the new one has unpacked: the
     # import moves the tag first, and containerd's garbage collection would otherwise take the
     # old image's layers, the very ones the new image reuses, from under the unpacking.
@@ -225,13 +226,14 @@ def import_image(paths: NodePaths, image: str, build: Callable[[], None] | None 
             f"importing {image} failed ({free / 2**30:.1f} GiB free in {paths.containerd_root}): "
             f"{error}"
         )
-    refs = _image_refs(ctr(paths, "images", "ls"))
+    listing = ctr(paths, "images", "ls")
+    refs = _image_refs(listing)
     current = _names_of(image, refs)
     if not current:
         raise RuntimeError(f"importing {image}: containerd lists no image by that name")
     paths.imported.mkdir(parents=True, exist_ok=True)
     marker.write_text(refs[current[0]])
-    _remove_stale_images(paths)
+    _remove(paths, stale_images(listing))
 
 
 def _names_of(image: str, refs: dict[str, str]) -> list[str]:
@@ -255,11 +257,10 @@ def _stream_into_containerd(paths: NodePaths, image: str) -> str | None:
     return None
 
 
-def _remove_stale_images(paths: NodePaths) -> None:
-    stale = stale_images(ctr(paths, "images", "ls"))
-    if stale:
+def _remove(paths: NodePaths, images: list[str]) -> None:
+    if images:
         # --sync: containerd's garbage collection frees their layers (those no image shares).
-        ctr(paths, "images", "rm", "--sync", *stale)
+        ctr(paths, "images", "rm", "--sync", *images)
 
 
 def stale_images(listing: str) -> list[str]:
