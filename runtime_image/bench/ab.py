@@ -144,6 +144,7 @@ def main() -> None:
         "sections added after them)",
     )  # fmt: skip
     args = parser.parse_args()
+    servers.exit_on_sigterm()
     variants = [(n, Path(d).resolve()) for n, d in (v.split("=", 1) for v in args.variant)]
     os.sched_setaffinity(0, {CLIENT_CORE})
     int8 = args.precision == "int8"

@@ -30,6 +30,8 @@ def main(source: Path, target: Path) -> None:
                     r for r in rows
                     if r.get("protocol") == protocol and r.get("path", path) == path
                 ]  # fmt: skip
+                if not points:  # a run of other paths (``--paths``)
+                    continue
                 clients = [r["concurrency"] for r in points]
                 axes[0][column].plot(
                     clients, [r["throughput"] for r in points], style, label=f"{label} {protocol}"
@@ -44,6 +46,8 @@ def main(source: Path, target: Path) -> None:
         axes[0][column].set_title(f"{model}: throughput (req/s)")
         axes[1][column].set_title(f"{model}: p99 latency (ms)")
         for row in (0, 1):
+            if not axes[row][column].lines:
+                continue
             axes[row][column].set_xscale("log", base=2)
             axes[row][column].set_yscale("log")
             axes[row][column].set_xlabel("concurrent clients")

@@ -79,7 +79,10 @@ async def replay(model_dir: Path, precision: str, calls: int, per_read: int) -> 
     document = json.loads((model_dir / "config.json").read_text())
     document["optimization"]["precision"] = precision
     config = parse_config(document)
-    dataplane = DataPlane(config, RuntimeMetrics("mlp"), ThreadPoolExecutor(1))
+    threads = torch.get_num_threads()
+    dataplane = DataPlane(
+        config, RuntimeMetrics("mlp"), ThreadPoolExecutor(1), compute_threads=threads
+    )
     service = InferenceServicer(dataplane).service()
     await dataplane.start(lambda: ModelRunner(config, model_dir / "model.pt"))
     connection = Http2Connection(

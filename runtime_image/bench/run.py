@@ -328,6 +328,7 @@ def main() -> None:
         help="a subset for a short check; the report's transformer targets need it",
     )  # fmt: skip
     args = parser.parse_args()
+    servers.exit_on_sigterm()
     if args.quick:
         args.seconds, args.overload_seconds = 1.0, 3.0
     started = time.monotonic()

@@ -34,6 +34,12 @@ from typing import NamedTuple
 SMOOTHING = 0.2  # weight of the newest gap in the inter-arrival average
 IDLE_WINDOW = 8  # batches whose idle time per row is remembered; the median of them counts
 BATCH_MEMORY = 0.9  # per batch, how much of the largest recent batch size is remembered
+# A batch expected to compute faster than this runs on the event loop: a thread hop would cost
+# a large share of its latency, and blocking the loop this briefly delays no one noticeably.
+INLINE_BELOW_SECONDS = 0.001
+# The same when the model's compute leaves the loop no CPU (see inline_limit_seconds): the
+# longest the loop stops reading for a batch, which requests then wait for anyway.
+SHARED_CPU_INLINE_BELOW_SECONDS = 0.004
 
 
 class TrafficStats(NamedTuple):
@@ -153,6 +159,24 @@ def batch_overhead(timings: Mapping[int, float]) -> float:
     rows1, time1 = rest[0]
     per_row = (time1 - time0) / (rows1 - rows0)
     return min(time0, max(0.0, time0 - rows0 * per_row))
+
+
+def inline_limit_seconds(*, computes_on_cpu: bool, compute_threads: int | None, cpus: int) -> float:
+    """How long a batch may be expected to compute and still run inline, on the event loop.
+
+    A thread for the model pays when it computes while the loop reads: on a GPU, or on CPUs
+    its compute threads leave free. A model that computes on the CPU with a thread for each of
+    the server's CPUs (the default: as many as the process may run on) leaves the loop none,
+    and then the thread buys no overlap, only the hand-off and the two threads taking turns on
+    the same CPUs: on one CPU the fp32 MLP's batches of 8 rows took twice their compute time
+    in the thread. Such a model computes inline every batch expected under
+    ``SHARED_CPU_INLINE_BELOW_SECONDS``, the longest the loop may stop reading; any other
+    (``compute_threads`` unknown included) every batch under ``INLINE_BELOW_SECONDS``, where
+    a hand-off would be a large share of the batch's time.
+    """
+    if computes_on_cpu and compute_threads is not None and compute_threads >= cpus:
+        return SHARED_CPU_INLINE_BELOW_SECONDS
+    return INLINE_BELOW_SECONDS
 
 
 def inline_rows(timings: Mapping[int, float], limit_seconds: float, max_batch_rows: int) -> int:

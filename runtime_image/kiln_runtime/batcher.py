@@ -10,10 +10,11 @@ Contract (as Triton's dynamic batcher and Ray's ``@serve.batch``):
 Only one batch computes at a time (the model has one worker thread); the next batch collects
 while the current one runs. How long to wait for a batch to fill is ``batch_policy``'s call.
 
-A batch that computes in well under a millisecond may run inline on the event loop: no thread
-hop, and requests parsed in the same loop turn still meet in one batch, because the batcher
-task forms it only after they have all been submitted. The decision is per batch, by its rows
-(``run_inline``): a model may compute small batches inline and large ones in its thread.
+A batch that computes quickly (``batch_policy.inline_limit_seconds``) may run inline on the
+event loop: no thread hop, and requests parsed in the same loop turn still meet in one batch,
+because the batcher task forms it only after they have all been submitted. The decision is
+per batch, by its rows (``run_inline``): a model may compute small batches inline and large
+ones in its thread.
 """
 
 from __future__ import annotations

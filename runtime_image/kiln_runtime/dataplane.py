@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -26,11 +27,6 @@ from kiln_runtime.protocol.types import InferRequest, InferResponse, Tensor
 
 log = logging.getLogger(__name__)
 
-# A batch expected to compute faster than this runs on the event loop: a thread hop would
-# cost a large share of its latency, and blocking the loop this briefly delays no one
-# noticeably. The estimate comes from timing the warm-up batch sizes.
-INLINE_BELOW_SECONDS = 0.001
-
 Arrays = list[npt.NDArray[Any]]
 T = TypeVar("T")
 
@@ -42,6 +38,9 @@ class Model(Protocol):
 
     def warm_up(self, batch_sizes: Sequence[int], repeats: int = 2) -> float: ...
 
+    @property
+    def computes_on_cpu(self) -> bool: ...
+
 
 class DataPlane:
     def __init__(
@@ -49,11 +48,15 @@ class DataPlane:
         config: RuntimeConfig,
         metrics: RuntimeMetrics,
         executor: Executor | None,
+        *,
+        compute_threads: int | None = None,
     ) -> None:
+        """``compute_threads``: the threads the model computes with (torch's), if known."""
         self.config = config
         self.metrics = metrics
         self._model: Model | None = None
         self._executor = executor
+        self._compute_threads = compute_threads
         # Large bodies are parsed here, never in the model's thread (it must stay free for
         # batches) nor on the event loop (it must stay free for every other client).
         self._decode_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kiln-decode")
@@ -103,15 +106,20 @@ class DataPlane:
         sizes = self.config.warmup_batch_sizes()
         seconds = await loop.run_in_executor(self._executor, model.warm_up, sizes)
         self._model = model
+        limit = batch_policy.inline_limit_seconds(
+            computes_on_cpu=model.computes_on_cpu,
+            compute_threads=self._compute_threads,
+            cpus=len(os.sched_getaffinity(0)),
+        )
         timings: dict[int, float] = {}
         for size in sorted(sizes):  # up to the first size over the limit: larger ones are too
             timings[size] = await loop.run_in_executor(self._executor, self._time_batch, size)
-            if timings[size] >= INLINE_BELOW_SECONDS:
+            if timings[size] >= limit:
                 break
         max_rows = self.config.batching.max_batch_size
         overhead = batch_policy.batch_overhead(timings)
         self._batcher.set_batch_overhead(overhead)
-        inline_rows = batch_policy.inline_rows(timings, INLINE_BELOW_SECONDS, max_rows)
+        inline_rows = batch_policy.inline_rows(timings, limit, max_rows)
         if inline_rows:
             self._batcher.run_inline(inline_rows)
         if inline_rows >= max_rows:
@@ -121,8 +129,10 @@ class DataPlane:
         else:
             where = "every batch computes in the model thread"
         log.info(
-            "batches of %s rows take %s ms (%.3f ms of it per batch, whatever its rows): %s",
+            "batches of %s rows take %s ms (%.3f ms of it per batch, whatever its rows): %s "
+            "(the inline limit: %.1f ms)",
             list(timings), [round(t * 1e3, 3) for t in timings.values()], overhead * 1e3, where,
+            limit * 1e3,
         )  # fmt: skip
         self._batcher.start()
         self.warmup_seconds = seconds

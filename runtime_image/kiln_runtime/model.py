@@ -124,6 +124,11 @@ class ModelRunner:
                 module = torch.compile(module, dynamic=False)
         return module  # type: ignore[no-any-return]
 
+    @property
+    def computes_on_cpu(self) -> bool:
+        """Whether batches compute on the server's own CPUs (not on a GPU)."""
+        return self.plan.device == "cpu"
+
     def check_io(self) -> None:
         """Run one row and compare what comes out with the declared outputs."""
         try:

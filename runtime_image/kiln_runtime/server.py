@@ -54,16 +54,16 @@ def resolve_model_file(path: Path, fmt: str) -> Path:
 
 async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int:
     """Run until SIGTERM/SIGINT (or ``stop`` is set); returns the process exit code."""
-    from kiln_runtime.model import ModelRunner  # imports torch: keep `--help` fast
+    import torch  # imported here, as the model module that needs it: keep `--help` fast
+
+    from kiln_runtime.model import ModelRunner
 
     config = options.config
     if options.torch_threads:
-        import torch
-
         torch.set_num_threads(options.torch_threads)
     metrics = RuntimeMetrics(config.model.name)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-model")
-    dataplane = DataPlane(config, metrics, executor)
+    dataplane = DataPlane(config, metrics, executor, compute_threads=torch.get_num_threads())
     http = HttpServer(RestAdapter(dataplane))
     grpc_service = InferenceServicer(dataplane).service()
     age, grace = config.connections.max_age_seconds, config.connections.max_age_grace_seconds

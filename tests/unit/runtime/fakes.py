@@ -44,3 +44,7 @@ class Adder:
     def warm_up(self, batch_sizes: Sequence[int], repeats: int = 2) -> float:
         self.warmed = batch_sizes
         return 0.25
+
+    @property
+    def computes_on_cpu(self) -> bool:
+        return True

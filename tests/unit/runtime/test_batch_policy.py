@@ -6,11 +6,14 @@ import math
 import pytest
 
 from kiln_runtime.batch_policy import (
+    INLINE_BELOW_SECONDS,
+    SHARED_CPU_INLINE_BELOW_SECONDS,
     BatchPlan,
     TrafficStats,
     batch_overhead,
     batch_plan,
     batch_wait_seconds,
+    inline_limit_seconds,
     inline_rows,
     observe_arrival,
     observe_dispatch,
@@ -137,6 +140,24 @@ def test_a_model_over_the_limit_at_its_smallest_size_never_computes_inline() -> 
 def test_rows_are_rounded_down_and_never_beyond_the_batch_limit() -> None:
     assert inline_rows({4: 0.0009, 8: 0.0009, 16: 0.002}, 0.001, 32) == 8
     assert inline_rows({1: 0.0001, 64: 0.0011}, 0.001, 32) == 32
+
+
+def test_a_cpu_model_computing_on_every_cpu_runs_longer_batches_inline() -> None:
+    # one CPU, one torch thread (the benchmark's server; the default is a thread per CPU):
+    # a model thread would only take turns with the loop, so batches up to 4 ms stay inline
+    assert inline_limit_seconds(computes_on_cpu=True, compute_threads=1, cpus=1) == 0.004
+    assert inline_limit_seconds(computes_on_cpu=True, compute_threads=8, cpus=8) == 0.004
+    assert SHARED_CPU_INLINE_BELOW_SECONDS > INLINE_BELOW_SECONDS
+    # the fp32 MLP on a slow host: 1.4 ms at 8 rows, 5 ms at 32: inline up to 25 rows, not 5
+    assert inline_rows({1: 0.0004, 8: 0.0014, 32: 0.005}, 0.004, 32) == 25
+    assert inline_rows({1: 0.0004, 8: 0.0014, 32: 0.005}, 0.001, 32) == 5
+
+
+def test_a_thread_that_can_overlap_the_loop_keeps_the_short_limit() -> None:
+    # a CPU left to the loop, a GPU computing, or threads unknown: hand off past 1 ms
+    assert inline_limit_seconds(computes_on_cpu=True, compute_threads=1, cpus=2) == 0.001
+    assert inline_limit_seconds(computes_on_cpu=False, compute_threads=1, cpus=1) == 0.001
+    assert inline_limit_seconds(computes_on_cpu=True, compute_threads=None, cpus=1) == 0.001
 
 
 def test_clients_idling_the_server_over_twice_what_a_batch_costs_get_halves() -> None:
