@@ -37,6 +37,7 @@ from kiln_runtime.protocol import hpack
 from kiln_runtime.protocol.grpc import InferenceServicer
 from kiln_runtime.protocol.http2 import wire
 from kiln_runtime.protocol.http2.connection import Http2Connection
+from kiln_runtime.server import usable_cpus
 
 # What grpcio sends as a call's headers (tritonclient.grpc, a deadline set).
 FIELDS = [
@@ -79,10 +80,10 @@ async def replay(model_dir: Path, precision: str, calls: int, per_read: int) -> 
     document = json.loads((model_dir / "config.json").read_text())
     document["optimization"]["precision"] = precision
     config = parse_config(document)
-    threads = torch.get_num_threads()
     dataplane = DataPlane(
-        config, RuntimeMetrics("mlp"), ThreadPoolExecutor(1), compute_threads=threads
-    )
+        config, RuntimeMetrics("mlp"), ThreadPoolExecutor(1),
+        compute_threads=torch.get_num_threads(), cpus=usable_cpus(),
+    )  # fmt: skip
     service = InferenceServicer(dataplane).service()
     await dataplane.start(lambda: ModelRunner(config, model_dir / "model.pt"))
     connection = Http2Connection(

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: invalid runtime config: {error}", file=sys.stderr)
         return 2
 
-    from kiln_runtime.server import ServeOptions, default_torch_threads, serve
+    from kiln_runtime.server import ServeOptions, serve, usable_cpus
 
     options = ServeOptions(
         model_path=args.model_path,
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         grpc_transport=args.grpc_transport,
         grpc_tls_cert=args.grpc_tls_cert,
         grpc_tls_key=args.grpc_tls_key,
-        torch_threads=args.torch_threads or default_torch_threads(),
+        torch_threads=args.torch_threads or usable_cpus(),
     )
     loop_factory = event_loop_factory(args.event_loop, args.grpc_transport)
     with asyncio.Runner(loop_factory=loop_factory) as runner:

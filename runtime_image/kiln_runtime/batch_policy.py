@@ -161,7 +161,9 @@ def batch_overhead(timings: Mapping[int, float]) -> float:
     return min(time0, max(0.0, time0 - rows0 * per_row))
 
 
-def inline_limit_seconds(*, computes_on_cpu: bool, compute_threads: int | None, cpus: int) -> float:
+def inline_limit_seconds(
+    *, computes_on_cpu: bool, compute_threads: int | None, cpus: int | None
+) -> float:
     """How long a batch may be expected to compute and still run inline, on the event loop.
 
     A thread for the model pays when it computes while the loop reads: on a GPU, or on CPUs
@@ -171,11 +173,11 @@ def inline_limit_seconds(*, computes_on_cpu: bool, compute_threads: int | None, 
     the same CPUs: on one CPU the fp32 MLP's batches of 8 rows took twice their compute time
     in the thread. Such a model computes inline every batch expected under
     ``SHARED_CPU_INLINE_BELOW_SECONDS``, the longest the loop may stop reading; any other
-    (``compute_threads`` unknown included) every batch under ``INLINE_BELOW_SECONDS``, where
-    a hand-off would be a large share of the batch's time.
+    (either count unknown included) every batch under ``INLINE_BELOW_SECONDS``, where a
+    hand-off would be a large share of the batch's time.
     """
-    if computes_on_cpu and compute_threads is not None and compute_threads >= cpus:
-        return SHARED_CPU_INLINE_BELOW_SECONDS
+    if computes_on_cpu and compute_threads is not None and cpus is not None:
+        return SHARED_CPU_INLINE_BELOW_SECONDS if compute_threads >= cpus else INLINE_BELOW_SECONDS
     return INLINE_BELOW_SECONDS
 
 

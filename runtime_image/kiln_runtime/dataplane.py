@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -50,13 +49,16 @@ class DataPlane:
         executor: Executor | None,
         *,
         compute_threads: int | None = None,
+        cpus: int | None = None,
     ) -> None:
-        """``compute_threads``: the threads the model computes with (torch's), if known."""
+        """``compute_threads``: the threads the model computes with (torch's); ``cpus``: those
+        the process may run on; either unknown (None): the short inline limit."""
         self.config = config
         self.metrics = metrics
         self._model: Model | None = None
         self._executor = executor
         self._compute_threads = compute_threads
+        self._cpus = cpus
         # Large bodies are parsed here, never in the model's thread (it must stay free for
         # batches) nor on the event loop (it must stay free for every other client).
         self._decode_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kiln-decode")
@@ -109,7 +111,7 @@ class DataPlane:
         limit = batch_policy.inline_limit_seconds(
             computes_on_cpu=model.computes_on_cpu,
             compute_threads=self._compute_threads,
-            cpus=len(os.sched_getaffinity(0)),
+            cpus=self._cpus,
         )
         timings: dict[int, float] = {}
         for size in sorted(sizes):  # up to the first size over the limit: larger ones are too

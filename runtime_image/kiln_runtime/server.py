@@ -63,7 +63,9 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
         torch.set_num_threads(options.torch_threads)
     metrics = RuntimeMetrics(config.model.name)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-model")
-    dataplane = DataPlane(config, metrics, executor, compute_threads=torch.get_num_threads())
+    dataplane = DataPlane(
+        config, metrics, executor, compute_threads=torch.get_num_threads(), cpus=usable_cpus()
+    )
     http = HttpServer(RestAdapter(dataplane))
     grpc_service = InferenceServicer(dataplane).service()
     age, grace = config.connections.max_age_seconds, config.connections.max_age_grace_seconds
@@ -135,6 +137,7 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def default_torch_threads() -> int:
-    """One compute thread per CPU this process may run on (respects taskset and cgroups' cpuset)."""
+def usable_cpus() -> int:
+    """The CPUs this process may run on (respects taskset and cgroups' cpuset): by default one
+    compute thread each."""
     return max(1, len(os.sched_getaffinity(0)))

@@ -45,8 +45,7 @@ def wait_gate(
     def decided() -> dict[str, Any] | None:
         found = pods(cluster, namespace, service)
         seen[:] = [gate_of(pod) for pod in found]
-        for pod in found:
-            gate = gate_of(pod)
+        for pod, gate in zip(found, seen, strict=True):
             if gate and gate["status"] == status and gate.get("reason") != "WarmingUp":
                 return pod
         return None

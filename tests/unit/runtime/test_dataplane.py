@@ -2,6 +2,9 @@
 
 import asyncio
 import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pytest
@@ -198,3 +201,30 @@ async def test_start_up_tells_the_batcher_what_one_more_batch_costs() -> None:
     await dp.start(Adder)
     assert 0 <= dp._batcher.batch_overhead < 0.01  # the adder's one timed size: microseconds
     await dp.stop()
+
+
+class SlowAdder(Adder):
+    """An adder whose every batch takes about 2 ms: over the short inline limit, under the long."""
+
+    def forward(self, inputs: list[Any]) -> list[Any]:
+        time.sleep(0.002)
+        return super().forward(inputs)
+
+
+@pytest.mark.parametrize(
+    ("compute_threads", "cpus", "inline_rows"),
+    [(1, 1, 8), (4, 4, 8), (1, 2, 0), (None, 1, 0), (1, None, 0)],
+)
+async def test_the_inline_limit_follows_whether_the_model_leaves_the_loop_a_cpu(
+    compute_threads: int | None, cpus: int | None, inline_rows: int
+) -> None:
+    # a thread per CPU: every 2 ms batch inline (all 8 rows); a CPU left over, or either count
+    # unknown: the 1 ms limit, and every batch in the model thread
+    executor = ThreadPoolExecutor(max_workers=1)
+    dp = DataPlane(
+        config(), RuntimeMetrics("adder"), executor, compute_threads=compute_threads, cpus=cpus
+    )
+    await dp.start(SlowAdder)
+    assert dp._batcher.inline_rows == inline_rows
+    await dp.stop()
+    executor.shutdown()
