@@ -249,9 +249,24 @@ class DynamicBatcher(Generic[P, R]):
                 self._observe_dispatch(rows, waiting_rows, plan)
                 await self._compute(batch)
                 if rows <= self._inline_rows:
-                    # The loop was blocked while computing: let it read the requests that
-                    # arrived meanwhile before the next batch is formed.
-                    await asyncio.sleep(0)
+                    await self._deliver_before_next_batch()
+
+    async def _deliver_before_next_batch(self) -> None:
+        """Give the loop the turns an inline batch's answers need to leave, and the requests
+        that arrived while it computed the turns to be read, before the next batch forms.
+
+        The loop was blocked while computing. In the first turn the answered callers resume
+        and hand their answers to their transports, which write what a turn produced at the
+        end of it (``http2.state``: one write per connection per turn); in the second those
+        writes happen. Forming the next batch in the first turn would compute it inline
+        before the writes, and the clients this batch answered would wait for that batch's
+        compute too, then get both batches' answers at once: the two halves of a split batch
+        (``batch_policy.batch_plan``) would reach the clients together, and the clients
+        would answer and send them together, so the server and its clients work in turn
+        instead of at once. A turn with nothing to do costs microseconds.
+        """
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
 
     async def _collect(self) -> tuple[int, batch_policy.BatchPlan]:
         """Wait while the policy expects the batch to fill, within the delay cap. Returns the

@@ -280,6 +280,29 @@ async def test_when_clients_leave_the_server_idle_batches_are_halves() -> None:
     await batcher.stop()
 
 
+async def test_an_inline_batchs_answers_leave_before_the_next_inline_batch_computes() -> None:
+    written: list[int] = []
+    written_when_computing: list[list[int]] = []
+
+    def process(items: Sequence[int]) -> list[int]:
+        written_when_computing.append(sorted(written))
+        return doubled(items)
+
+    batcher, recorder = make(process, max_rows=8)
+    loop = asyncio.get_running_loop()
+
+    async def caller(item: int) -> None:
+        answer = await batcher.submit(item, rows=1)
+        loop.call_soon(written.append, answer)  # as a transport writes: at the end of the turn
+
+    await asyncio.gather(*(caller(i) for i in range(17)))
+    assert recorder.batches == [1, 8, 8]
+    # The second batch's answers were out before the third batch blocked the loop: its
+    # clients did not also wait for the next batch's compute.
+    assert written_when_computing[2] == [2 * i for i in range(9)]
+    await batcher.stop()
+
+
 async def test_a_batch_that_does_not_fill_leaves_when_its_wait_is_up() -> None:
     batcher, recorder = make(doubled, max_rows=8, delay=0.02)
     await asyncio.gather(*(batcher.submit(i, rows=1) for i in range(9)))  # 1 + 8
