@@ -409,7 +409,7 @@ def profile_section(profiles: list[dict[str, Any]]) -> list[str]:
         "  (already queued: the other half, or the next 32 rows under 64 clients) was formed and",
         "  computed in the turn its callers resumed, before the HTTP/2 connection's end-of-turn",
         "  write, so the answered clients also waited for the next batch's compute. The batcher",
-        "  now gives the loop that turn first (bench/ab.py, 64 clients fp32: h2load 1.10x,",
-        "  tritonclient.grpc.aio 1.08x; at 16 clients within the noise).",
+        "  now gives the loop that turn first (bench/ab.py, 64 clients fp32, 12 rounds:",
+        "  tritonclient.grpc.aio 1.06x, h2load 1.04x; at 16 clients within the noise).",
     ]
     return lines
