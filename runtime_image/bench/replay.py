@@ -29,7 +29,6 @@ import torch
 from tritonclient.grpc import service_pb2
 
 from kiln_runtime.config import parse_config
-from kiln_runtime.dataplane import DataPlane
 from kiln_runtime.examples import example_input, write_example
 from kiln_runtime.metrics import RuntimeMetrics
 from kiln_runtime.model import ModelRunner
@@ -37,7 +36,7 @@ from kiln_runtime.protocol import hpack
 from kiln_runtime.protocol.grpc import InferenceServicer
 from kiln_runtime.protocol.http2 import wire
 from kiln_runtime.protocol.http2.connection import Http2Connection
-from kiln_runtime.server import usable_cpus
+from kiln_runtime.server import serving_dataplane
 
 # What grpcio sends as a call's headers (tritonclient.grpc, a deadline set).
 FIELDS = [
@@ -80,10 +79,7 @@ async def replay(model_dir: Path, precision: str, calls: int, per_read: int) -> 
     document = json.loads((model_dir / "config.json").read_text())
     document["optimization"]["precision"] = precision
     config = parse_config(document)
-    dataplane = DataPlane(
-        config, RuntimeMetrics("mlp"), ThreadPoolExecutor(1),
-        compute_threads=torch.get_num_threads(), cpus=usable_cpus(),
-    )  # fmt: skip
+    dataplane = serving_dataplane(config, RuntimeMetrics("mlp"), ThreadPoolExecutor(1))
     service = InferenceServicer(dataplane).service()
     await dataplane.start(lambda: ModelRunner(config, model_dir / "model.pt"))
     connection = Http2Connection(

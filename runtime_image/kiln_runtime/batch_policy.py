@@ -176,9 +176,11 @@ def inline_limit_seconds(
     (either count unknown included) every batch under ``INLINE_BELOW_SECONDS``, where a
     hand-off would be a large share of the batch's time.
     """
-    if computes_on_cpu and compute_threads is not None and cpus is not None:
-        return SHARED_CPU_INLINE_BELOW_SECONDS if compute_threads >= cpus else INLINE_BELOW_SECONDS
-    return INLINE_BELOW_SECONDS
+    leaves_loop_no_cpu = (
+        computes_on_cpu and compute_threads is not None and cpus is not None
+        and compute_threads >= cpus
+    )  # fmt: skip
+    return SHARED_CPU_INLINE_BELOW_SECONDS if leaves_loop_no_cpu else INLINE_BELOW_SECONDS
 
 
 def inline_rows(timings: Mapping[int, float], limit_seconds: float, max_batch_rows: int) -> int:

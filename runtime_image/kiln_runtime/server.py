@@ -54,18 +54,16 @@ def resolve_model_file(path: Path, fmt: str) -> Path:
 
 async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int:
     """Run until SIGTERM/SIGINT (or ``stop`` is set); returns the process exit code."""
-    import torch  # imported here, as the model module that needs it: keep `--help` fast
-
-    from kiln_runtime.model import ModelRunner
+    from kiln_runtime.model import ModelRunner  # imports torch: keep `--help` fast
 
     config = options.config
     if options.torch_threads:
+        import torch
+
         torch.set_num_threads(options.torch_threads)
     metrics = RuntimeMetrics(config.model.name)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-model")
-    dataplane = DataPlane(
-        config, metrics, executor, compute_threads=torch.get_num_threads(), cpus=usable_cpus()
-    )
+    dataplane = serving_dataplane(config, metrics, executor)
     http = HttpServer(RestAdapter(dataplane))
     grpc_service = InferenceServicer(dataplane).service()
     age, grace = config.connections.max_age_seconds, config.connections.max_age_grace_seconds
@@ -135,6 +133,19 @@ def freeze_startup_objects() -> None:
     """
     gc.collect()
     gc.freeze()
+
+
+def serving_dataplane(
+    config: RuntimeConfig, metrics: RuntimeMetrics, executor: ThreadPoolExecutor
+) -> DataPlane:
+    """The data plane as ``serve`` runs it: told torch's thread count (set before this) and
+    the CPUs the process may use, which set its inline limit. Tools that drive the data plane
+    in process (``bench.replay``) build it here too, so they measure what the server runs."""
+    import torch  # here, as in serve: keep `--help` fast
+
+    return DataPlane(
+        config, metrics, executor, compute_threads=torch.get_num_threads(), cpus=usable_cpus()
+    )
 
 
 def usable_cpus() -> int:
