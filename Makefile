@@ -181,10 +181,13 @@ bench-runtime: venv native $(BENCH_VENV)/.installed ## kiln_runtime vs Triton (p
 	bash runtime_image/bench/system-deps.sh
 	cd runtime_image && ../$(PY) -m bench.run --out ../docs/benchmarks --triton-python ../$(BENCH_VENV)/bin/python --profile
 
+bench-client-ceiling: venv native $(BENCH_VENV)/.installed ## The Python clients against a server that answers in no time, beside Kiln and Triton (3 rounds) -> docs/benchmarks/client-ceiling.md
+	cd runtime_image && ../$(PY) -m bench.client_ceiling --out ../docs/benchmarks --triton-python ../$(BENCH_VENV)/bin/python
+
 bench-runtime-profile: venv ## py-spy flame graphs of the runtime under tritonclient.grpc and HTTP JSON -> docs/benchmarks/profile-*.svg
 	cd runtime_image && ../$(PY) -m bench.profile --out ../docs/benchmarks
 
-.PHONY: base-image image-runtime bench-runtime bench-runtime-profile
+.PHONY: base-image image-runtime bench-runtime bench-client-ceiling bench-runtime-profile
 
 # ---- autoscaling ----
 bench-autoscaling: venv ## Kiln's autoscaler vs HPA, KEDA, Knative, oracles on simulated days -> docs/benchmarks/autoscaling.md

@@ -203,6 +203,13 @@ def write_report(results: dict[str, Any], path: Path) -> None:
     ]
     for target, measured, met in targets(results):
         lines.append(f"| {target} | {measured} | {'yes' if met else '**no**'} |")
+    lines += [
+        "",
+        "What each Python client can reach at all on this host, against a server that answers "
+        "in no time, beside Kiln and Triton in the same run, and so which of these targets one "
+        "client core allows: [client-ceiling.md](client-ceiling.md) (`make "
+        "bench-client-ceiling`).",
+    ]
     for model, data in results["models"].items():
         lines += ["", f"## {model}", ""]
         if data.get("load_average"):

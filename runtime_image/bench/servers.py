@@ -122,16 +122,8 @@ def kiln(
     env = None
     if code is not None:  # run from there too: ``-m`` puts the working directory first
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), str(BENCH_DIR.parent)])}
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=code
-        )
-    server = Server("kiln", process, *ports)
-    try:
-        _wait_ready(server, "/v2/health/ready", 120)
+    with _started("kiln", command, ports, log, 120, env=env, cwd=code) as server:
         yield server
-    finally:
-        _stop(process)
 
 
 @contextmanager
@@ -176,6 +168,41 @@ def triton(
         yield server
     finally:
         _stop(process, group=True)
+
+
+@contextmanager
+def constant(name: str, core: int, log: Path) -> Iterator[Server]:
+    """``bench.constant_server``: the same answer to every call, no model (a client's ceiling)."""
+    ports = free_port(), free_port(), free_port()
+    command = [
+        "taskset", "-c", str(core), sys.executable, "-m", "bench.constant_server",
+        "--host", HOST, "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
+        "--model", name,
+    ]  # fmt: skip
+    with _started("constant", command, ports, log, 60, cwd=BENCH_DIR.parent) as server:
+        yield server
+
+
+@contextmanager
+def _started(
+    label: str,
+    command: list[str],
+    ports: tuple[int, int, int],
+    log: Path,
+    ready_within: float,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Iterator[Server]:
+    """A server of this benchmark's own (it answers ``/v2/health/ready``), stopped on exit."""
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    server = Server(label, process, *ports)
+    try:
+        _wait_ready(server, "/v2/health/ready", ready_within)
+        yield server
+    finally:
+        _stop(process)
 
 
 def _stop(process: subprocess.Popen[bytes], group: bool = False) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import ab, abuse_page, loadgen, proc, report, run, servers
+from bench import ab, abuse_page, client_ceiling, loadgen, proc, report, run, servers
 from bench import profile as profiling
 from kiln_runtime.protocol.rest import decode_infer
 
@@ -342,3 +342,58 @@ def test_an_ab_pairs_each_variant_with_the_first_round_by_round() -> None:
     assert (name, path, clients) == ("new", "h2load", 16)
     assert ratios == pytest.approx([1.1, 1.1, 0.9])
     assert mean == pytest.approx((1.1 * 1.1 * 0.9) ** (1 / 3))
+
+
+def _ceiling_results(throughputs: dict[str, list[float]]) -> dict[str, Any]:
+    """A client-ceiling run of tritonclient.grpc.aio at 16 clients, one row per round."""
+    rounds = len(next(iter(throughputs.values())))
+    return {
+        "host": {"cpus": 2, "machine": "x86_64", "python": "3.11", "runtime_build": "compiled"},
+        "seconds_per_run": 5.0, "rounds_run": rounds, "paths": ["tritonclient-grpc-aio"],
+        "concurrency": [16],
+        "rounds": [
+            {
+                label: [{"path": "tritonclient-grpc-aio", "concurrency": 16,
+                         "throughput": values[r], "client_cpu": 0.99}]
+                for label, values in throughputs.items()
+            }
+            for r in range(rounds)
+        ],
+    }  # fmt: skip
+
+
+def test_a_ceiling_ratio_is_paired_round_by_round() -> None:
+    # The host halves its speed in round 2: the rounds' own ratios stay 5x, the medians don't.
+    results = _ceiling_results({"constant": [6000, 3000, 5000], "triton (fp32)": [1200, 600, 1000]})
+    ratio = client_ceiling.paired_ratio(
+        results, "constant", "triton (fp32)", "tritonclient-grpc-aio", 16
+    )
+    assert ratio == pytest.approx(5.0)
+    assert client_ceiling.median_throughput(
+        results, "constant", "tritonclient-grpc-aio", 16
+    ) == pytest.approx(5000)
+    per_call = client_ceiling.client_us_per_call(results, "constant", "tritonclient-grpc-aio", 16)
+    assert per_call == pytest.approx(0.99 / 5000 * 1e6)
+
+
+def test_a_target_beyond_the_clients_ceiling_is_called_unreachable() -> None:
+    results = _ceiling_results({
+        "constant": [6000], "triton (fp32)": [1000], "kiln (fp32)": [3500],
+        "triton (int8)": [1600], "kiln (int8)": [4000],
+    })  # fmt: skip
+    page = client_ceiling.render(results)
+    # 4 x 1000 = 4000 of a 6000 ceiling; 4 x 1600 = 6400 is beyond it
+    assert "| 4000 calls/s (4 x 1000) | 6000 calls/s (constant) | yes, at 67% of it |" in page
+    assert "| 6400 calls/s (4 x 1600) | 6000 calls/s (constant) | **no**: 1.07x of it |" in page
+    assert "| 6.00x, 3.75x | 3.50x, 2.50x | 0.58x, 0.67x |" in page
+
+
+def test_a_server_that_beats_the_constant_one_raises_what_the_client_can_do() -> None:
+    # Answers in batches can let a client do more per wake-up than instant answers do.
+    results = _ceiling_results({
+        "constant": [5000], "triton (int8)": [1300], "kiln (int8)": [5400],
+        "triton (fp32)": [1100], "kiln (fp32)": [3800],
+    })  # fmt: skip
+    assert client_ceiling.client_most(results, "tritonclient-grpc-aio", 16) == (5400, "kiln (int8)")
+    page = client_ceiling.render(results)
+    assert "| 5200 calls/s (4 x 1300) | 5400 calls/s (kiln (int8)) | yes, at 96% of it |" in page
