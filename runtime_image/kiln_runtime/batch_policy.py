@@ -29,7 +29,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Final
 
 SMOOTHING = 0.2  # weight of the newest gap in the inter-arrival average
 IDLE_WINDOW = 8  # batches whose idle time per row is remembered; the median of them counts
@@ -42,37 +42,81 @@ INLINE_BELOW_SECONDS = 0.001
 SHARED_CPU_INLINE_BELOW_SECONDS = 0.004
 
 
-class TrafficStats(NamedTuple):
-    """What the wait policy knows about recent traffic (a tuple: it is renewed per request)."""
-
-    typical_batch_rows: float = 1.0  # the most rows recently waiting at a dispatch, decaying
-    mean_interarrival_seconds: float = math.inf
-    last_arrival: float | None = None
-    idle_seconds_per_row: float = 0.0  # the median of recent_idle_per_row
-    recent_idle_per_row: tuple[float, ...] = ()  # per batch: the server's idle time before it
-    last_dispatch: float | None = None
-    last_busy_seconds: float = 0.0  # the server's busy time (see observe_dispatch) then
-    halves: bool = False  # the last batch was planned as half the typical rows
+# TrafficStats and BatchPlan are plain classes with their own ``__init__``, not NamedTuples:
+# mypyc compiles these to C, while a NamedTuple's constructor and ``_replace`` run as
+# interpreted Python, and the batcher renews the stats with every request.
 
 
-class BatchPlan(NamedTuple):
+class TrafficStats:
+    """What the wait policy knows about recent traffic (immutable: renewed per request)."""
+
+    def __init__(
+        self,
+        typical_batch_rows: float = 1.0,
+        mean_interarrival_seconds: float = math.inf,
+        *,
+        last_arrival: float | None = None,
+        idle_seconds_per_row: float = 0.0,
+        recent_idle_per_row: tuple[float, ...] = (),
+        last_dispatch: float | None = None,
+        last_busy_seconds: float = 0.0,
+        halves: bool = False,
+    ) -> None:
+        # the most rows recently waiting at a dispatch, decaying
+        self.typical_batch_rows: Final = typical_batch_rows
+        self.mean_interarrival_seconds: Final = mean_interarrival_seconds
+        self.last_arrival: Final = last_arrival
+        self.idle_seconds_per_row: Final = idle_seconds_per_row  # median of the next one
+        # per batch: the server's idle time before it, per row
+        self.recent_idle_per_row: Final = recent_idle_per_row
+        self.last_dispatch: Final = last_dispatch
+        # the server's busy time (see observe_dispatch) at the last dispatch
+        self.last_busy_seconds: Final = last_busy_seconds
+        self.halves: Final = halves  # the last batch was planned as half the typical rows
+
+
+class BatchPlan:
     """The rows the next batch waits for, the most it takes, and whether these are halves."""
 
-    target_rows: int
-    max_rows: int
-    halves: bool = False
+    def __init__(self, target_rows: int, max_rows: int, halves: bool = False) -> None:
+        self.target_rows: Final = target_rows
+        self.max_rows: Final = max_rows
+        self.halves: Final = halves
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BatchPlan) and (self.target_rows, self.max_rows, self.halves) == (
+            other.target_rows,
+            other.max_rows,
+            other.halves,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.target_rows, self.max_rows, self.halves))
+
+    def __repr__(self) -> str:
+        return f"BatchPlan({self.target_rows}, {self.max_rows}, halves={self.halves})"
 
 
 def observe_arrival(stats: TrafficStats, now: float) -> TrafficStats:
     if stats.last_arrival is None:
-        return stats._replace(last_arrival=now)
-    gap = max(0.0, now - stats.last_arrival)
-    mean = (
-        gap
-        if math.isinf(stats.mean_interarrival_seconds)
-        else (1 - SMOOTHING) * stats.mean_interarrival_seconds + SMOOTHING * gap
+        mean = stats.mean_interarrival_seconds
+    else:
+        gap = max(0.0, now - stats.last_arrival)
+        mean = (
+            gap
+            if math.isinf(stats.mean_interarrival_seconds)
+            else (1 - SMOOTHING) * stats.mean_interarrival_seconds + SMOOTHING * gap
+        )
+    return TrafficStats(
+        stats.typical_batch_rows,
+        mean,
+        last_arrival=now,
+        idle_seconds_per_row=stats.idle_seconds_per_row,
+        recent_idle_per_row=stats.recent_idle_per_row,
+        last_dispatch=stats.last_dispatch,
+        last_busy_seconds=stats.last_busy_seconds,
+        halves=stats.halves,
     )
-    return stats._replace(mean_interarrival_seconds=mean, last_arrival=now)
 
 
 def observe_dispatch(
@@ -98,8 +142,10 @@ def observe_dispatch(
         elapsed = now - stats.last_dispatch
         idle = max(0.0, elapsed - (busy_seconds - stats.last_busy_seconds)) / rows
         recent = (*recent[1 - IDLE_WINDOW :], idle)
-    return stats._replace(
+    return TrafficStats(
         typical_batch_rows=typical,
+        mean_interarrival_seconds=stats.mean_interarrival_seconds,
+        last_arrival=stats.last_arrival,
         idle_seconds_per_row=statistics.median(recent) if recent else 0.0,
         recent_idle_per_row=recent,
         last_dispatch=now,

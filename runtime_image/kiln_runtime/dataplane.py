@@ -186,7 +186,6 @@ class DataPlane:
         self._inflight -= 1
         if self._inflight == 0:
             self._idle.set()
-        self.metrics.requests[(protocol, code)].inc()
         self.metrics.request_duration[(protocol, code)].observe(seconds)
         if code == errors.OK_METRIC_CODE:
             self._last_inference_ms = int(time.time() * 1000)
@@ -196,7 +195,6 @@ class DataPlane:
         slow to arrive, malformed framing, buffers full): it ends in one code like any other,
         so the autoscaler and dashboards see it. It was never in flight; ``seconds`` is what
         the transport spent on it (0 when it was refused before any decoding)."""
-        self.metrics.requests[(protocol, code)].inc()
         self.metrics.request_duration[(protocol, code)].observe(seconds)
 
     def observe_stage(self, stage: str, seconds: float) -> None:

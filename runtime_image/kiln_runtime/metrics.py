@@ -8,8 +8,9 @@ The histograms are observed several times per request, so they are ``FastHistogr
 counters without prometheus_client's per-value locks (under a profiler, those took about a
 fifth of a small request's Python time). Each histogram is written by one thread only (the
 event loop, or the model thread for the per-batch stages), so no lock is needed; a scrape may
-see a sum and its count one observation apart, which is harmless. The inflight gauge is read
-at scrape time.
+see a sum and its count one observation apart, which is harmless. ``kiln_requests_total`` is
+the request histograms' counts, and the inflight and queue-depth gauges are read at scrape
+time, so a request updates no prometheus_client object at all.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -109,6 +110,35 @@ class _HistogramFamily(Collector):
         yield family
 
 
+class _CountsOf(Collector):
+    """A counter whose series are the counts of a histogram's series, same labels: every
+    request is observed in ``kiln_request_duration_seconds`` once, so ``kiln_requests_total``
+    costs the request nothing (prometheus_client's Counter takes a lock and a Python call)."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        histograms: _HistogramFamily,
+        registry: CollectorRegistry,
+    ) -> None:
+        self.name = name  # without ``_total``: the family adds it
+        self.documentation = documentation
+        self.histograms = histograms
+        registry.register(self)
+
+    def describe(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(self.name, self.documentation, labels=self.histograms.labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            self.name, self.documentation, labels=self.histograms.labelnames
+        )
+        for series in self.histograms.series:
+            family.add_metric(series.labels, float(series.count))
+        yield family
+
+
 class RuntimeMetrics:
     """Every metric of one served model, pre-labelled so recording costs no label lookup."""
 
@@ -124,12 +154,7 @@ class RuntimeMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        requests = Counter(
-            "kiln_requests_total",
-            "Inference requests answered, by outcome.",
-            ["model", "protocol", "code"],
-            registry=r,
-        )
+        _CountsOf("kiln_requests", "Inference requests answered, by outcome.", request_duration, r)
         stage = _HistogramFamily(
             "kiln_stage_duration_seconds",
             "Time per stage: decode and encode per request; preprocess, forward and postprocess "
@@ -140,9 +165,6 @@ class RuntimeMetrics:
         )
         self.request_duration = {
             (p, c): request_duration.labels(model, p, c) for p in PROTOCOLS for c in METRIC_CODES
-        }
-        self.requests = {
-            (p, c): requests.labels(model, p, c) for p in PROTOCOLS for c in METRIC_CODES
         }
         self.stage = {s: stage.labels(model, s) for s in STAGES}
         self.queue_wait_seconds = _HistogramFamily(
@@ -166,9 +188,10 @@ class RuntimeMetrics:
             buckets=BATCH_SIZE_BUCKETS,
             registry=r,
         ).labels(model)
-        self.queue_depth_gauge = Gauge(
+        self._queue_depth = 0  # read at scrape time: the batcher reports it on every change
+        Gauge(
             "kiln_queue_depth", "Requests waiting in the batcher queue.", ["model"], registry=r
-        ).labels(model)
+        ).labels(model).set_function(lambda: self._queue_depth)
         self.inflight = Gauge(
             "kiln_inflight_requests",
             "Inference requests accepted and not yet answered.",
@@ -191,7 +214,7 @@ class RuntimeMetrics:
     # BatchObserver ------------------------------------------------------------------------
 
     def queue_depth(self, depth: int) -> None:
-        self.queue_depth_gauge.set(depth)
+        self._queue_depth = depth
 
     def queue_wait(self, seconds: float) -> None:
         self.queue_wait_seconds.observe(seconds)

@@ -75,14 +75,17 @@ class _Shared:
     """Connections admitted past maxConnections for `/v2/health/*` only."""
 
 
-@dataclass
 class _Request:
-    method: str = ""
-    url: bytes = b""
-    headers: dict[str, str] = field(default_factory=dict)
-    chunks: list[bytes] = field(default_factory=list)
-    size: int = 0
-    keep_alive: bool = True
+    """The request being read. A plain class: mypyc compiles its ``__init__`` (a dataclass's
+    would run as interpreted Python; ``protocol.types``)."""
+
+    def __init__(self) -> None:
+        self.method = ""
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.keep_alive = True
 
 
 class HttpConnection(asyncio.Protocol):

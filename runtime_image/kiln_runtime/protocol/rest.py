@@ -11,7 +11,6 @@ numbers).
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,12 +47,21 @@ UNSUPPORTED_MODEL_EXTENSIONS = {
 }
 
 
-@dataclass
 class HttpResponse:
-    status: int
-    body: list[bytes | memoryview]
-    content_type: bytes = JSON
-    extra_headers: tuple[tuple[bytes, bytes], ...] = ()
+    """An answer's status, body parts and headers. A plain class: mypyc compiles its
+    ``__init__`` (a dataclass's would run as interpreted Python; ``protocol.types``)."""
+
+    def __init__(
+        self,
+        status: int,
+        body: list[bytes | memoryview],
+        content_type: bytes = JSON,
+        extra_headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+        self.extra_headers = extra_headers
 
 
 def json_response(status: int, document: Any) -> HttpResponse:

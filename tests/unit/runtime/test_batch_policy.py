@@ -169,7 +169,7 @@ def test_clients_idling_the_server_over_twice_what_a_batch_costs_get_halves() ->
     assert math.isclose(wait(7, slow_clients, overhead=0.0001), 0.0001)
     # Over once but not twice: whole batches, unless halves are already what made it so.
     assert batch_plan(slow_clients, 32, 0.0003) == BatchPlan(16, 32)
-    halving = slow_clients._replace(halves=True)
+    halving = TrafficStats(16.0, 0.0001, idle_seconds_per_row=0.000025, halves=True)
     assert batch_plan(halving, 32, 0.0003) == BatchPlan(8, 8, halves=True)
     assert batch_plan(halving, 32, 0.0005) == BatchPlan(16, 32)
     # Odd sizes round the half up; a batch of one is not split.

@@ -135,7 +135,7 @@ async def test_statistics_and_refused_infer_calls_on_both_transports(
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await garbage(b"\xff\xff\xff", timeout=5)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert dp.metrics.requests[("grpc", "invalid")]._value.get() == 1  # counted once
+    assert dp.metrics.request_duration[("grpc", "invalid")].count == 1  # counted once
 
     answer = await stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name="adder"))
     (stats,) = answer.model_stats

@@ -7,12 +7,13 @@ these fail then, with what to run. Without the variable (a developer's own pytes
 is either wholly compiled and current, or not compiled at all.
 """
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
 import os
 from pathlib import Path
-from types import ModuleType
+from types import FunctionType, ModuleType
 
 import kiln_runtime
 
@@ -77,3 +78,35 @@ def test_compiled_modules_are_not_older_than_their_source() -> None:
         name for name in compiled_module_names() if source_of(name).stat().st_mtime > built
     )
     assert not newer, f"edited after the build (run `make native`): {newer}"
+
+
+# The objects the request path makes per call (or per arrival, per batch). mypyc compiles an
+# ``__init__`` written out to C; a dataclass's or a NamedTuple's constructor is generated at
+# import and runs as interpreted Python: 8 of them per gRPC call cost about 11 µs of the
+# runtime's ~124 (bench/replay.py, INT8), the NamedTuples of the batch policy 6 more.
+PER_CALL_CLASSES = [
+    ("kiln_runtime.protocol.types", "Tensor"),
+    ("kiln_runtime.protocol.types", "RequestedOutput"),
+    ("kiln_runtime.protocol.types", "InferRequest"),
+    ("kiln_runtime.protocol.types", "InferResponse"),
+    ("kiln_runtime.protocol.http2.messages", "Request"),
+    ("kiln_runtime.protocol.http2.messages", "Response"),
+    ("kiln_runtime.protocol.http2.state", "Stream"),
+    ("kiln_runtime.protocol.rest", "HttpResponse"),
+    ("kiln_runtime.protocol.httpserver", "_Request"),
+    ("kiln_runtime.batch_policy", "TrafficStats"),
+    ("kiln_runtime.batch_policy", "BatchPlan"),
+    ("kiln_runtime.batcher", "_Item"),
+]
+
+
+def test_the_objects_made_per_call_are_built_by_compiled_code() -> None:
+    for module_name, class_name in PER_CALL_CLASSES:
+        cls = getattr(importlib.import_module(module_name), class_name)
+        where = f"{module_name}.{class_name}"
+        assert not dataclasses.is_dataclass(cls), f"{where}: a dataclass's __init__ is Python"
+        assert not issubclass(cls, tuple), f"{where}: a NamedTuple's constructor is Python"
+        assert module_name in compiled_module_names(), f"{where}: its module is not compiled"
+        if BUILD == "compiled":
+            constructor = cls.__init__
+            assert not isinstance(constructor, FunctionType), f"{where}: __init__ is interpreted"

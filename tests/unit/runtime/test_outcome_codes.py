@@ -63,10 +63,16 @@ def request(timeout: float | None = None) -> InferRequest:
 
 
 def codes(dp: DataPlane) -> dict[str, tuple[float, int]]:
-    """code -> (counter, histogram count), summed over protocols; only codes seen."""
-    seen = {}
+    """code -> (counter as scraped, histogram count), summed over protocols; only codes seen."""
+    seen: dict[str, tuple[float, int]] = {}
     for code in errors.METRIC_CODES:
-        counted = sum(dp.metrics.requests[(p, code)]._value.get() for p in ("http", "grpc"))
+        counted = sum(
+            dp.metrics.registry.get_sample_value(
+                "kiln_requests_total", {"model": dp.metrics.model, "protocol": p, "code": code}
+            )
+            or 0.0
+            for p in ("http", "grpc")
+        )
         observed = sum(dp.metrics.request_duration[(p, code)].count for p in ("http", "grpc"))
         if counted or observed:
             seen[code] = (counted, observed)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from typing import Final
 
 REQUEST_PSEUDO_HEADERS = frozenset((b":method", b":scheme", b":path", b":authority"))
 # RFC 9113 8.2.2: HTTP/1.1 connection-specific fields have no meaning in HTTP/2.
@@ -45,41 +45,55 @@ def malformed(fields: tuple[tuple[bytes, bytes], ...], trailers: bool = False) -
     return None
 
 
-@dataclass
 class Request:
-    """One stream's request: its headers and, once complete, its body."""
+    """One stream's request: its headers and, once complete, its body.
 
-    stream_id: int
-    headers: dict[bytes, bytes]
-    chunks: list[bytes] = field(default_factory=list)
-    size: int = 0
-    too_large: bool = False  # the body passed the limit; what arrived of it was dropped
-    # the header list passed the limit: ``headers`` holds at most its ``:path``
-    headers_too_large: bool = False
-    # a call its connection may not make: admitted past ``maxConnections`` on the health
-    # budget, it may only call the health paths (``HealthReserve``); answered at once, refused
-    over_capacity: bool = False
-    # A streamed request (``Streaming``) is handed on from its headers: ``chunks`` grows as its
-    # body arrives (``arrived`` is set each time), ``ended`` once the client half-closed, and
-    # ``send(headers, data)`` writes answer data before the final Response (False: the
-    # stream is gone).
-    arrived: asyncio.Event | None = None
-    ended: bool = False
-    send: Callable[[bytes, bytes], bool] | None = None
+    A plain class, not a dataclass: mypyc compiles this ``__init__`` to C, while a dataclass's
+    runs as interpreted Python (``protocol.types`` says more)."""
+
+    def __init__(
+        self,
+        stream_id: int,
+        headers: dict[bytes, bytes],
+        chunks: list[bytes] | None = None,
+        size: int = 0,
+        *,
+        too_large: bool = False,
+        headers_too_large: bool = False,
+        over_capacity: bool = False,
+    ) -> None:
+        self.stream_id = stream_id
+        self.headers = headers
+        self.chunks: list[bytes] = [] if chunks is None else chunks
+        self.size = size
+        self.too_large = too_large  # the body passed the limit; what arrived of it was dropped
+        # the header list passed the limit: ``headers`` holds at most its ``:path``
+        self.headers_too_large = headers_too_large
+        # a call its connection may not make: admitted past ``maxConnections`` on the health
+        # budget, it may only call the health paths (``HealthReserve``); answered at once,
+        # refused
+        self.over_capacity = over_capacity
+        # A streamed request (``Streaming``) is handed on from its headers: ``chunks`` grows
+        # as its body arrives (``arrived`` is set each time), ``ended`` once the client
+        # half-closed, and ``send(headers, data)`` writes answer data before the final
+        # Response (False: the stream is gone).
+        self.arrived: asyncio.Event | None = None
+        self.ended = False
+        self.send: Callable[[bytes, bytes], bool] | None = None
 
     @property
     def body(self) -> bytes:
         return self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
 
 
-@dataclass(frozen=True)
 class Response:
     """An answer as header blocks already HPACK-encoded (``hpack.encode``), so constant
     blocks are encoded once. ``trailers`` None means the headers end the stream."""
 
-    headers: bytes
-    data: bytes = b""
-    trailers: bytes | None = None
+    def __init__(self, headers: bytes, data: bytes = b"", trailers: bytes | None = None) -> None:
+        self.headers: Final = headers
+        self.data: Final = data
+        self.trailers: Final = trailers
 
 
 Handler = Callable[[Request], Awaitable[Response]]

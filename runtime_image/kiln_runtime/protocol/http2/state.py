@@ -18,7 +18,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import struct
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kiln_runtime.config import Http2Limits
@@ -43,25 +42,28 @@ RECENT_STREAMS = 1024  # closed streams remembered: late frames on them are told
 HEADER_BLOCK_FACTOR = 2
 
 
-@dataclass
 class Stream:
-    """One stream's request and what the connection tracks of it until its answer is out."""
+    """One stream's request and what the connection tracks of it until its answer is out.
 
-    request: Request
-    send_window: int
-    opened: float  # loop time of its headers: the body timeout counts from here
-    remote_closed: bool = False
-    dispatched: bool = False
-    unacked: int = 0  # bytes received since the last stream WINDOW_UPDATE
-    received: int = 0  # body bytes received (unpadded), against content-length
-    content_length: int | None = None
-    buffered: int = 0  # request bytes this stream holds of the connection's budget
-    parked: int = 0  # answer bytes this stream holds, waiting for the peer
-    headers_sent: bool = False  # a streamed answer's headers are out
-    open_ended: bool = False  # a streamed answer: more data may follow what is pending
-    task: asyncio.Task[None] | None = None
-    pending: memoryview | None = None  # response data waiting for the peer's window
-    pending_trailers: bytes | None = None
+    A plain class, not a dataclass: mypyc compiles this ``__init__`` to C, while a dataclass's
+    runs as interpreted Python (``protocol.types`` says more)."""
+
+    def __init__(self, request: Request, send_window: int, opened: float) -> None:
+        self.request = request
+        self.send_window = send_window
+        self.opened = opened  # loop time of its headers: the body timeout counts from here
+        self.remote_closed = False
+        self.dispatched = False
+        self.unacked = 0  # bytes received since the last stream WINDOW_UPDATE
+        self.received = 0  # body bytes received (unpadded), against content-length
+        self.content_length: int | None = None
+        self.buffered = 0  # request bytes this stream holds of the connection's budget
+        self.parked = 0  # answer bytes this stream holds, waiting for the peer
+        self.headers_sent = False  # a streamed answer's headers are out
+        self.open_ended = False  # a streamed answer: more data may follow what is pending
+        self.task: asyncio.Task[None] | None = None
+        self.pending: memoryview | None = None  # response data waiting for the peer's window
+        self.pending_trailers: bytes | None = None
 
 
 class ConnectionState(asyncio.Protocol):
