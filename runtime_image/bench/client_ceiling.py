@@ -32,7 +32,7 @@ from typing import Any
 
 from bench import servers
 from bench.report import PATH_NAMES, SATURATED_CLIENT, USER_PATH_FLOORS
-from bench.run import CLIENT_CORE, PLAN, SERVER_CORE, check_answers, measure_interleaved
+from bench.run import CLIENT_CORE, SERVER_CORE, measure_interleaved, start_servers
 from kiln_runtime.examples import example_input, write_example
 
 CEILING = "constant"
@@ -195,18 +195,9 @@ def main() -> None:
         x = example_input("mlp", 1).numpy()
         logs = Path(scratch)
         running = {CEILING: stack.enter_context(servers.constant("mlp", SERVER_CORE, logs / "c"))}
-        for label, kind, optimization in PLAN["mlp"]:
-            print(f"starting {label}", flush=True)
-            log = logs / label.replace(" ", "").replace("(", "-").replace(")", "")
-            if kind == "kiln":
-                context = servers.kiln(model_dir, "mlp", SERVER_CORE, log, optimization)
-            else:
-                context = servers.triton(
-                    model_dir, "mlp", SERVER_CORE, log, args.triton_python,
-                    optimization=optimization,
-                )  # fmt: skip
-            running[label] = stack.enter_context(context)
-            check_answers(running[label], "mlp", x)
+        running |= start_servers(
+            stack, "mlp", model_dir, x=x, logs=logs, triton_python=args.triton_python
+        )
         for round_number in range(args.rounds):
             print(f"round {round_number + 1}", flush=True)
             rows, _host = measure_interleaved(

@@ -27,7 +27,7 @@ import uvloop
 from tritonclient.grpc import service_pb2
 
 from kiln_runtime.protocol import grpc as grpc_codec
-from kiln_runtime.protocol import rest
+from kiln_runtime.protocol import httpserver, rest
 from kiln_runtime.protocol.grpcserver import GrpcServer, GrpcService, UnaryMethod
 from kiln_runtime.protocol.types import InferResponse, Tensor
 
@@ -44,23 +44,17 @@ def constant_response(model: str) -> InferResponse:
     )  # fmt: skip
 
 
-def http_answer(response: InferResponse) -> bytes:
-    """The whole HTTP/1.1 answer to an infer call, head and JSON body, as the runtime writes it."""
-    encoded = rest.encode_infer(response)
-    body = b"".join(bytes(part) for part in encoded.body)
-    head = b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n" % (
-        encoded.content_type,
-        len(body),
-    )
-    return head + body
+def http_answer_of(response: rest.HttpResponse) -> bytes:
+    """A whole keep-alive HTTP/1.1 answer, head and body, as the runtime writes it."""
+    return httpserver.response_head(response, keep_alive=True) + b"".join(response.body)
 
 
-_EMPTY_OK = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n\r\n"
+_READY = http_answer_of(rest.json_response(200, {"ready": True}))
 
 
 class ConstantHttp(asyncio.Protocol):
     """Answers each request as soon as its last byte arrives: infer with the stored answer,
-    anything else (the readiness probe) with an empty 200."""
+    anything else (the readiness probe) with the runtime's ready answer."""
 
     def __init__(self, answer: bytes) -> None:
         self._answer = answer
@@ -79,16 +73,16 @@ class ConstantHttp(asyncio.Protocol):
                 self._transport.close()
 
     def on_url(self, url: bytes) -> None:
-        self._infer = url.split(b"?", 1)[0].rstrip(b"/").endswith(b"/infer")
+        self._infer = httpserver.infer_target(url)
 
     def on_message_complete(self) -> None:
         if self._transport is not None:
-            self._transport.write(self._answer if self._infer else _EMPTY_OK)
+            self._transport.write(self._answer if self._infer else _READY)
 
 
 async def serve(host: str, http_port: int, grpc_port: int, model: str) -> None:
     response = constant_response(model)
-    answer = http_answer(response)
+    answer = http_answer_of(rest.encode_infer(response))
     message = grpc_codec.encode_infer(response)
 
     async def infer(request: Any, time_left: float | None) -> Any:

@@ -95,6 +95,33 @@ def check_answers(server: servers.Server, model: str, x: np.ndarray) -> None:
             raise RuntimeError(f"{server.label} answered shape {output.shape}")
 
 
+def start_servers(
+    stack: contextlib.ExitStack,
+    kind: str,
+    model_dir: Path,
+    *,
+    x: np.ndarray,
+    logs: Path,
+    triton_python: Path,
+) -> dict[str, servers.Server]:
+    """Every server of ``PLAN[kind]`` up on the server core (stopped when ``stack`` closes),
+    each checked to compute one request per protocol; by label, in the plan's order."""
+    running: dict[str, servers.Server] = {}
+    for label, kind_of_server, optimization in PLAN[kind]:
+        precision = optimization.get("precision", "fp32")
+        log = logs / f"{kind}-{label.split()[0]}-{precision}.log"
+        print(f"{kind}: starting {label}", flush=True)
+        if kind_of_server == "kiln":
+            context = servers.kiln(model_dir, kind, SERVER_CORE, log, optimization)
+        else:
+            context = servers.triton(
+                model_dir, kind, SERVER_CORE, log, triton_python, optimization=optimization
+            )
+        running[label] = stack.enter_context(context)
+        check_answers(running[label], kind, x)
+    return running
+
+
 # Each load path: its name in runtime.json and the report, and the protocol it speaks. The
 # first two are the ceilings (compiled generators, binary tensors); the rest are what users send.
 PATHS: dict[str, str] = {
@@ -362,20 +389,9 @@ def main() -> None:
                 "idle_cpu": {},
             }  # fmt: skip
             with contextlib.ExitStack() as stack:
-                running: dict[str, servers.Server] = {}
-                for label, kind_of_server, optimization in variants:
-                    precision = optimization.get("precision", "fp32")
-                    log = logs / f"{kind}-{label.split()[0]}-{precision}.log"
-                    print(f"{kind}: starting {label}", flush=True)
-                    if kind_of_server == "kiln":
-                        context = servers.kiln(model_dir, kind, SERVER_CORE, log, optimization)
-                    else:
-                        context = servers.triton(
-                            model_dir, kind, SERVER_CORE, log, args.triton_python,
-                            optimization=optimization,
-                        )  # fmt: skip
-                    running[label] = stack.enter_context(context)
-                    check_answers(running[label], kind, x)
+                running = start_servers(
+                    stack, kind, model_dir, x=x, logs=logs, triton_python=args.triton_python
+                )
                 beside: dict[str, dict[str, float]] = {}
                 rows, host = measure_interleaved(
                     running, kind, x, paths=args.paths, concurrency=args.concurrency,

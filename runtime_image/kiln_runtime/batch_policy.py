@@ -66,7 +66,7 @@ class TrafficStats:
         self.typical_batch_rows: Final = typical_batch_rows
         self.mean_interarrival_seconds: Final = mean_interarrival_seconds
         self.last_arrival: Final = last_arrival
-        self.idle_seconds_per_row: Final = idle_seconds_per_row  # median of the next one
+        self.idle_seconds_per_row: Final = idle_seconds_per_row  # median of recent_idle_per_row
         # per batch: the server's idle time before it, per row
         self.recent_idle_per_row: Final = recent_idle_per_row
         self.last_dispatch: Final = last_dispatch

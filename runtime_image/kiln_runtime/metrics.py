@@ -127,13 +127,14 @@ class _CountsOf(Collector):
         self.histograms = histograms
         registry.register(self)
 
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self.name, self.documentation, labels=self.histograms.labelnames)
+
     def describe(self) -> Iterator[Metric]:
-        yield CounterMetricFamily(self.name, self.documentation, labels=self.histograms.labelnames)
+        yield self._family()
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(
-            self.name, self.documentation, labels=self.histograms.labelnames
-        )
+        family = self._family()
         for series in self.histograms.series:
             family.add_metric(series.labels, float(series.count))
         yield family

@@ -300,17 +300,7 @@ class HttpConnection(asyncio.Protocol):
     def _write(self, response: HttpResponse, keep_alive: bool) -> None:
         if self._transport is None:
             return
-        length = sum(memoryview(part).nbytes for part in response.body)
-        head = [
-            b"HTTP/1.1 %d %s\r\n" % (response.status, _REASONS.get(response.status, b"")),
-            b"Content-Type: %s\r\nContent-Length: %d\r\n" % (response.content_type, length),
-        ]
-        for name, value in response.extra_headers:
-            head.append(b"%s: %s\r\n" % (name, value))
-        if not keep_alive:
-            head.append(b"Connection: close\r\n")
-        head.append(b"\r\n")
-        self._transport.writelines([b"".join(head), *response.body])
+        self._transport.writelines([response_head(response, keep_alive), *response.body])
         self._measure_writes()
 
     def _fail(self, status: int, message: str) -> None:
@@ -322,7 +312,7 @@ class HttpConnection(asyncio.Protocol):
         """
         if self._refusing:
             return
-        if _infer_target(self._current.url):
+        if infer_target(self._current.url):
             self._adapter.dataplane.refused("http", _REFUSAL_CODES[status])
         self._refusing = True
         self._cancel_timer()
@@ -406,7 +396,22 @@ class HttpConnection(asyncio.Protocol):
                 self._arm(self._limits.body_timeout_seconds, "request body")
 
 
-def _infer_target(url: bytes) -> bool:
+def response_head(response: HttpResponse, keep_alive: bool) -> bytes:
+    """The status line and headers written before ``response.body``."""
+    length = sum(memoryview(part).nbytes for part in response.body)
+    head = [
+        b"HTTP/1.1 %d %s\r\n" % (response.status, _REASONS.get(response.status, b"")),
+        b"Content-Type: %s\r\nContent-Length: %d\r\n" % (response.content_type, length),
+    ]
+    for name, value in response.extra_headers:
+        head.append(b"%s: %s\r\n" % (name, value))
+    if not keep_alive:
+        head.append(b"Connection: close\r\n")
+    head.append(b"\r\n")
+    return b"".join(head)
+
+
+def infer_target(url: bytes) -> bool:
     """The request line names an infer endpoint (``/v2/models/{m}[/versions/{v}]/infer``),
     as far as it arrived before the request was refused."""
     path = url.split(b"?", 1)[0].rstrip(b"/")
