@@ -29,6 +29,11 @@ from kiln_runtime.protocol.http2.wire import (
 
 log = logging.getLogger(__name__)
 
+# Every call's task is built with this name: without one, the task formats a "Task-N" name
+# of its own, and uvloop's create_task always builds it so, then renames it. Building the task
+# directly, named, skips both (about a microsecond per call).
+ANSWER_TASK_NAME = "kiln-answer"
+
 
 class Answering(ConnectionState):
     """Requests to the handler, answers to the socket within the peer's windows."""
@@ -42,13 +47,13 @@ class Answering(ConnectionState):
             self._queued[stream.request.stream_id] = stream  # started when the peer catches up
             self._update_reading()
             return
-        stream.task = self._loop.create_task(self._answer(stream))
+        stream.task = asyncio.Task(self._answer(stream), loop=self._loop, name=ANSWER_TASK_NAME)
 
     def _start_queued(self) -> None:
         while self._queued and not self._congested():
             stream_id = next(iter(self._queued))
             stream = self._queued.pop(stream_id)
-            stream.task = self._loop.create_task(self._answer(stream))
+            stream.task = asyncio.Task(self._answer(stream), loop=self._loop, name=ANSWER_TASK_NAME)
 
     async def _answer(self, stream: Stream) -> None:
         try:
