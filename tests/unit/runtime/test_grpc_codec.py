@@ -23,6 +23,25 @@ def test_raw_contents_are_viewed_and_timeout_read() -> None:
     assert (request.model_name, request.model_version, request.id) == ("m", "1", "x")
 
 
+def test_every_input_meets_its_own_raw_contents_in_order() -> None:
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.array([[7, 8, 9, 10], [11, 12, 13, 14]], dtype=np.int32)
+    message = service_pb2.ModelInferRequest(model_name="m")
+    message.inputs.add(name="A", datatype="FP32", shape=[2, 3])
+    message.inputs.add(name="B", datatype="INT32", shape=[2, 4])
+    message.raw_input_contents.extend([a.tobytes(), b.tobytes()])
+    message.outputs.add(name="Y")
+    message.outputs.add(name="Z")
+    request = decode_infer(message, 1 << 20)
+    assert [(t.name, t.datatype, t.shape) for t in request.inputs] == [
+        ("A", "FP32", (2, 3)),
+        ("B", "INT32", (2, 4)),
+    ]
+    np.testing.assert_array_equal(request.inputs[0].data, a)
+    np.testing.assert_array_equal(request.inputs[1].data, b)
+    assert [o.name for o in request.outputs] == ["Y", "Z"]
+
+
 def test_typed_contents_are_accepted() -> None:
     message = service_pb2.ModelInferRequest(model_name="m")
     tensor = message.inputs.add(name="B", datatype="INT64", shape=[1, 2])
