@@ -429,7 +429,7 @@ def profile_section(profiles: list[dict[str, Any]]) -> list[str]:
         "  the server's C functions (perf) showed protobuf's repeated fields iterated through a",
         "  formatted IndexError each, and uvloop formatting a Task-N name per call; the request",
         "  decoder now slices those fields and builds each call's task named (bench/replay.py,",
-        "  CPU per call before over after, paired medians of 10: INT8 1.02x and 1.07x, fp32 1.05x;",
-        '  docs/runtime.md, "Two costs found in the server\'s own profile").',
+        "  CPU per call before over after, paired medians of 10: INT8 1.02x and 1.07x, fp32",
+        '  1.05x; docs/runtime.md, "Two costs found in the server\'s own profile").',
     ]
     return lines
