@@ -61,7 +61,7 @@ def spawn(name: str, argv: list[str], log: Path, env: dict[str, str] | None = No
         )
     ticks = _start_ticks(child.pid)
     if ticks is None:
-        raise RuntimeError(f"{name} exited at once; see {log}")
+        raise RuntimeError(f"{name} exited during start; see {log}")  # as wait_started says
     return Started(name=name, pid=child.pid, start_ticks=ticks, log=str(log))
 
 
