@@ -26,7 +26,14 @@ from kiln_localcluster import controlplane, node, pki, podnet, prometheus
 from kiln_localcluster.controlplane import SERVICE_CIDR
 from kiln_localcluster.kubeconfig import admin_ssl_context, write_kubeconfig
 from kiln_localcluster.nodes import build_gpu_node
-from kiln_localcluster.processes import ProcessTable, free_ports, is_running, spawn, wait_started
+from kiln_localcluster.processes import (
+    ProcessTable,
+    exited_during_start,
+    free_ports,
+    is_running,
+    spawn,
+    wait_started,
+)
 from kiln_localcluster.targets import ApiReader, targets_file
 from kiln_localcluster.waiting import http_ok, wait_for
 
@@ -237,7 +244,7 @@ class LocalCluster:
 
         for process in table.processes:
             if not is_running(process):
-                raise RuntimeError(f"{process.name} exited during start; see {process.log}")
+                raise exited_during_start(process.name, process.log)
         self.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(admin_kubeconfig, self.kubeconfig)
         self.kubeconfig.chmod(0o600)

@@ -47,6 +47,12 @@ def is_running(process: Started) -> bool:
     return _start_ticks(process.pid) == process.start_ticks
 
 
+def exited_during_start(name: str, log: Path | str) -> RuntimeError:
+    """The one error for a process that died before it was ready, whichever check saw it: a
+    crash races the checks, and a caller should meet the same message from each."""
+    return RuntimeError(f"{name} exited during start; see {log}")
+
+
 def spawn(name: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> Started:
     """Start ``argv`` in a new session (it survives this command), output appended to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -61,7 +67,7 @@ def spawn(name: str, argv: list[str], log: Path, env: dict[str, str] | None = No
         )
     ticks = _start_ticks(child.pid)
     if ticks is None:
-        raise RuntimeError(f"{name} exited during start; see {log}")  # as wait_started says
+        raise exited_during_start(name, log)
     return Started(name=name, pid=child.pid, start_ticks=ticks, log=str(log))
 
 
@@ -82,7 +88,7 @@ def wait_started(process: Started, ready: Callable[[], bool], *, timeout: float)
             error
         )
     if outcome == "exited":
-        raise RuntimeError(f"{process.name} exited during start; see {process.log}")
+        raise exited_during_start(process.name, process.log)
 
 
 def _last_line(log: str) -> str:
