@@ -22,6 +22,9 @@ REASON_REQUEST_ERRORS = "RequestErrors"
 """Some warm-up requests failed; the message has the first error."""
 REASON_RUNTIME_NOT_READY = "RuntimeNotReady"
 """The runtime never reported ready within the attempt's timeout."""
+REASON_ATTEMPT_TIMED_OUT = "AttemptTimedOut"
+"""The attempt's timeout passed before every request was answered; the message says how many
+were, and their p99."""
 REASON_GATE_DISABLED = "GateDisabled"
 """spec.warmup.requests is 0: the pod is marked warmed-up without traffic."""
 
@@ -80,8 +83,11 @@ class WarmupResult:
     latencies_ms: tuple[float, ...]
     """Latencies of the successful requests, in completion order."""
     errors: int = 0
+    """Requests that failed with their own error (refused, a wrong tensor, a lost connection)."""
     first_error: str = ""
     runtime_ready: bool = True
+    unanswered: int = 0
+    """Requests the attempt's timeout left without an answer: cut in flight, or never sent."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,18 @@ def judge(plan: WarmupPlan, result: WarmupResult) -> Verdict:
             False,
             REASON_REQUEST_ERRORS,
             f"{result.errors} of {plan.requests} warm-up requests failed: {result.first_error}",
+        )
+    if result.unanswered:
+        answered = len(result.latencies_ms)
+        so_far = (
+            f" (their p99 {percentile(sorted(result.latencies_ms), 99):.2f} ms)" if answered else ""
+        )
+        return Verdict(
+            False,
+            REASON_ATTEMPT_TIMED_OUT,
+            f"{answered} of {plan.requests} warm-up requests answered{so_far} within the "
+            f"attempt's {plan.attempt_timeout_s:.0f}s: raise spec.warmup.timeoutSeconds or lower "
+            "spec.warmup.requests",
         )
     judged = judged_latencies(result)
     if not judged:

@@ -137,8 +137,13 @@ def test_operator_restarted_mid_warm_up_finishes_the_job(
     cluster: Cluster, namespace: str, models_claim: str, start_operator: Any
 ) -> None:
     first = start_operator([namespace])
-    # Enough requests at concurrency 1 that the attempt lasts while the operator is killed.
-    apply(cluster, namespace, mlp_service("restart", requests=4000, concurrency=1))
+    # Enough requests at concurrency 1 that the attempt lasts while the operator is killed, and
+    # an attempt timeout far from what they take: on the node's 300m of CPU a request took 8 ms
+    # on average alone and 34 ms in one CI run (4000 requests then outlived a 60 s timeout).
+    apply(
+        cluster, namespace,
+        mlp_service("restart", requests=2000, concurrency=1, timeoutSeconds=300),
+    )  # fmt: skip
 
     def warming() -> dict[str, Any] | None:
         found = pods(cluster, namespace, "restart")
@@ -147,8 +152,12 @@ def test_operator_restarted_mid_warm_up_finishes_the_job(
 
     wait_for(warming, timeout=120, description="an attempt under way")
     first.kill()
+    left = pods(cluster, namespace, "restart")
+    assert [gate_of(pod)["reason"] for pod in left] == ["WarmingUp"], (  # type: ignore[index]
+        "the attempt ended before the operator was killed: the test needs more requests"
+    )
     start_operator([namespace])
-    pod = wait_gate(cluster, namespace, "restart", status="True", timeout=240)
+    pod = wait_gate(cluster, namespace, "restart", status="True", timeout=360)
     assert gate_of(pod)["reason"] == "WarmedUp"  # type: ignore[index]
     assert len(pods(cluster, namespace, "restart")) == 1
 

@@ -80,6 +80,19 @@ async def test_wrong_tensor_shape_counts_as_request_errors(runtime: Runtime) -> 
     assert result.errors == PLAN.requests
 
 
+async def test_requests_past_the_attempts_timeout_are_unanswered_not_errors(
+    runtime: Runtime,
+) -> None:
+    endless = dataclasses.replace(PLAN, requests=100_000, concurrency=2, attempt_timeout_s=1.0)
+    result = await run_attempt(endless, HOST, runtime.grpc_port, runtime.http_port)
+    verdict = warmup.judge(endless, result)
+    assert verdict.reason == warmup.REASON_ATTEMPT_TIMED_OUT, verdict.message
+    assert result.errors == 0 and result.first_error == ""
+    assert 0 < len(result.latencies_ms) < endless.requests
+    assert len(result.latencies_ms) + result.unanswered == endless.requests
+    assert f"{len(result.latencies_ms)} of 100000 warm-up requests answered" in verdict.message
+
+
 async def test_no_runtime_times_out_as_not_ready() -> None:
     quick = dataclasses.replace(PLAN, attempt_timeout_s=1.0)
     grpc_port, http_port = free_ports(2)

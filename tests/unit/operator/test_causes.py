@@ -99,12 +99,12 @@ def test_a_failed_warm_up_is_a_failure_and_warming_up_is_progress() -> None:
         "type": constants.CONDITION_WARMED_UP,
         "status": "False",
         "reason": "RequestErrors",
-        "message": "92 of 200 warm-up requests failed: TimeoutError",
+        "message": "92 of 200 warm-up requests failed: connection refused",
     }
     cause = first_cause(deployment(), [pod("a", failed)])
     assert cause is not None and cause.failure
     assert cause.reason == constants.REASON_WARMUP_FAILED
-    assert "(RequestErrors): 92 of 200 warm-up requests failed: TimeoutError" in cause.message
+    assert "(RequestErrors): 92 of 200 warm-up requests failed: connection refused" in cause.message
 
     warming = {**failed, "reason": "WarmingUp", "message": "attempt 1/3"}
     running = {"name": "runtime", "ready": True, "state": {"running": {}}}

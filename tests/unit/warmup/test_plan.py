@@ -74,6 +74,23 @@ def test_any_failed_request_fails_the_attempt() -> None:
     assert "1 of 4" in verdict.message and "boom" in verdict.message
 
 
+def test_requests_the_timeout_left_unanswered_fail_the_attempt_with_what_to_change() -> None:
+    plan = warmup.plan_for(spec(requests=4000, concurrency=1, timeoutSeconds=60), "m")
+    result = warmup.WarmupResult(latencies_ms=(3.0, 2.0, 40.0), unanswered=3997)
+    verdict = warmup.judge(plan, result)
+    assert not verdict.passed
+    assert verdict.reason == warmup.REASON_ATTEMPT_TIMED_OUT
+    assert verdict.message.startswith("3 of 4000 warm-up requests answered (their p99 40.00 ms)")
+    assert "within the attempt's 60s" in verdict.message
+    assert "spec.warmup.timeoutSeconds" in verdict.message
+
+
+def test_a_request_error_is_reported_before_the_timeout() -> None:
+    plan = warmup.plan_for(spec(requests=4, concurrency=1), "m")
+    result = warmup.WarmupResult(latencies_ms=(), errors=1, first_error="boom", unanswered=3)
+    assert warmup.judge(plan, result).reason == warmup.REASON_REQUEST_ERRORS
+
+
 def test_runtime_never_ready_is_its_own_reason() -> None:
     plan = warmup.plan_for(spec(timeoutSeconds=7), "m")
     verdict = warmup.judge(plan, warmup.WarmupResult(latencies_ms=(), runtime_ready=False))
