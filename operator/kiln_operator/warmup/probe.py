@@ -92,12 +92,12 @@ async def _drive(
     latencies: list[float] = []
     errors: list[str] = []
     remaining = plan.requests
-    cut = 0  # requests in flight when the attempt's deadline passed
     loop = asyncio.get_running_loop()
+    # timeout_at reads the loop's clock, which need not be time.monotonic's
     deadline_on_loop = loop.time() + (deadline - time.monotonic())
 
     async def worker() -> None:
-        nonlocal remaining, cut
+        nonlocal remaining
         while remaining > 0 and time.monotonic() < deadline:
             remaining -= 1
             started = time.perf_counter()
@@ -105,9 +105,7 @@ async def _drive(
                 async with asyncio.timeout_at(deadline_on_loop) as attempt_deadline:
                     await send()
             except (InferenceServerException, OSError, TimeoutError) as error:
-                if attempt_deadline.expired():
-                    cut += 1
-                else:  # the request's own error, a client timeout included
+                if not attempt_deadline.expired():  # its own error, a client timeout included
                     errors.append(str(error) or type(error).__name__)
             else:
                 latencies.append((time.perf_counter() - started) * 1000)
@@ -117,7 +115,8 @@ async def _drive(
         latencies_ms=tuple(latencies),
         errors=len(errors),
         first_error=errors[0] if errors else "",
-        unanswered=cut + max(0, remaining),
+        # cut in flight by the deadline, or never sent
+        unanswered=plan.requests - len(latencies) - len(errors),
     )
 
 
