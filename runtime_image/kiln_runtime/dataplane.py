@@ -265,7 +265,7 @@ class DataPlane:
     def check_model(self, name: str, version: str = "") -> None:
         if name != self._spec.name or version not in ("", self._spec.version):
             known = f"{self._spec.name} (version {self._spec.version})"
-            wanted = name + (f" version {version}" if version else "")
+            wanted = errors.clip(name) + (f" version {errors.clip(version)}" if version else "")
             raise errors.not_found(f"unknown model '{wanted}'; this runtime serves {known}")
 
     def model_ready(self, name: str, version: str = "") -> bool:

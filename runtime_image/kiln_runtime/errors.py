@@ -38,12 +38,27 @@ CANCELLED_METRIC_CODE = "cancelled"
 INTERNAL_METRIC_CODE = ErrorKind.INTERNAL.mapping.metric_code
 # Every ``code`` label value, in the order the docs list them; each request ends in one.
 METRIC_CODES = ("ok", "invalid", "overloaded", "deadline", "cancelled", "internal")
+# What an error message may quote of a value the client sent (a model name, a path, a tensor
+# name): its first characters, then how long it was; and the longest message any error carries.
+QUOTE_CHARS = 128
+MAX_MESSAGE_CHARS = 1024
+
+
+def clip(text: str, limit: int = QUOTE_CHARS) -> str:
+    """``text`` as an error message may quote it: whole if short, else a bounded prefix.
+
+    A client that sends a 100 KB model name must not get (and make the server build, log
+    and send) a 100 KB error message."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
 
 
 class InferError(Exception):
     """A request failed; ``kind`` decides what each protocol answers."""
 
     def __init__(self, kind: ErrorKind, message: str) -> None:
+        message = clip(message, MAX_MESSAGE_CHARS)  # a backstop: values are clipped when quoted
         super().__init__(message)
         self.kind = kind
         self.message = message

@@ -149,7 +149,7 @@ class InferenceServicer:
         )
         names = [SERVICE, health.SERVICE, *(f"{p}.ServerReflection" for p in reflection.PACKAGES)]
         files = [service_pb2.DESCRIPTOR, health.DESCRIPTOR, *reflection.DESCRIPTORS]
-        reflecting = reflection.Reflection(names, files)
+        reflecting = reflection.Reflection(names, files, served={SERVICE: list(methods)})
         for package in reflection.PACKAGES:
             info = StreamMethod(reflection.request_type(package), reflecting.method(package))
             service.add_streaming(f"{package}.ServerReflection", {"ServerReflectionInfo": info})

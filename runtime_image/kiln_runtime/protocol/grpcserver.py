@@ -209,7 +209,7 @@ class GrpcService:
             return await self._stream(request, streamed)
         method = self._methods.get(path)
         if method is None:
-            return status_response("UNIMPLEMENTED", f"unknown method {path.decode('latin-1')}")
+            return status_response("UNIMPLEMENTED", f"unknown method {errors.clip(path.decode('latin-1'))}")
         try:
             if request.too_large:
                 raise errors.invalid(

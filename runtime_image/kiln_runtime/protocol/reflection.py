@@ -10,7 +10,7 @@ protobuf itself, as in ``health``: ``grpcio-reflection`` requires a protobuf maj
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from google.protobuf import descriptor, descriptor_pb2, descriptor_pool, message_factory
@@ -99,10 +99,22 @@ def _response_type(package: str) -> Any:
 
 
 class Reflection:
-    """Answers reflection requests about ``files`` (each with its dependencies)."""
+    """Answers reflection requests about ``files`` (each with its dependencies).
 
-    def __init__(self, services: Iterable[str], files: Iterable[descriptor.FileDescriptor]) -> None:
+    ``served`` names, per service, the methods the server answers: a file is described with
+    only those (Triton's ``service.proto`` declares methods this runtime answers UNIMPLEMENTED,
+    such as ``ModelStreamInfer``, which a client must not be told to call). A service absent
+    from ``served`` is described whole.
+    """
+
+    def __init__(
+        self,
+        services: Iterable[str],
+        files: Iterable[descriptor.FileDescriptor],
+        served: Mapping[str, Collection[str]] | None = None,
+    ) -> None:
         self._services = sorted(services)
+        self._served = dict(served or {})
         self._files: dict[str, descriptor.FileDescriptor] = {}
         for file in files:
             self._add(file)
@@ -135,7 +147,21 @@ class Reflection:
                     visit(dependency)
 
         visit(file)
-        return [bytes(f.serialized_pb) for f in ordered]
+        return [self._serialized(f) for f in ordered]
+
+    def _serialized(self, file: descriptor.FileDescriptor) -> bytes:
+        """The file as sent, its services holding only the methods the server answers."""
+        prefix = f"{file.package}." if file.package else ""
+        if not any(prefix + name in self._served for name in file.services_by_name):
+            return bytes(file.serialized_pb)
+        proto = descriptor_pb2.FileDescriptorProto.FromString(file.serialized_pb)
+        for service in proto.service:
+            served = self._served.get(prefix + service.name)
+            if served is not None:
+                kept = [m for m in service.method if m.name in served]
+                del service.method[:]
+                service.method.extend(kept)
+        return proto.SerializeToString()
 
     def answer(self, package: str, request: Any) -> Any:
         response = _response_type(package)(valid_host=request.host, original_request=request)

@@ -90,17 +90,18 @@ class RestAdapter:
         self, method: str, path: str, headers: dict[str, str], body: bytes
     ) -> HttpResponse:
         parts = path.split("?", 1)[0].strip("/").split("/")
+        quoted = errors.clip(path)  # an error quotes at most a prefix of what the client sent
         if parts[:1] != ["v2"]:
-            return json_response(404, {"error": f"no route for {path}"})
+            return json_response(404, {"error": f"no route for {quoted}"})
         rest = parts[1:]
         if method == "POST" and len(rest) >= 3 and rest[0] == "models" and rest[-1] == "infer":
             return await self._infer(rest[1:-1], headers, body)
         if unsupported := _unsupported_extension(rest):
             return json_response(
-                404, {"error": f"the {unsupported} extension is not supported ({path})"}
+                404, {"error": f"the {unsupported} extension is not supported ({quoted})"}
             )
         if method != "GET":
-            return json_response(405, {"error": f"{method} is not allowed on {path}"})
+            return json_response(405, {"error": f"{errors.clip(method)} is not allowed on {quoted}"})
         dp = self.dataplane
         try:
             if rest == []:
@@ -126,7 +127,7 @@ class RestAdapter:
                     return json_response(200, {"model_stats": [dp.statistics(name, version)]})
         except errors.InferError as error:
             return error_response(error)
-        return json_response(404, {"error": f"no route for {path}"})
+        return json_response(404, {"error": f"no route for {quoted}"})
 
     async def _infer(
         self, model_parts: list[str], headers: dict[str, str], body: bytes
@@ -134,7 +135,7 @@ class RestAdapter:
         def decode() -> InferRequest:
             name, version, tail = _model_path(model_parts)
             if tail:
-                raise errors.not_found(f"no route for model path {'/'.join(model_parts)}")
+                raise errors.not_found(f"no route for model path {errors.clip('/'.join(model_parts))}")
             return decode_infer(name, version, headers, body, self.max_decompressed)
 
         # Inflating and parsing a large or compressed body takes long enough to delay every
@@ -181,7 +182,7 @@ def decode_infer(
         try:
             length = int(header_length)
         except ValueError:
-            raise errors.invalid(f"{HEADER_LENGTH} is not an integer: {header_length!r}") from None
+            raise errors.invalid(f"{HEADER_LENGTH} is not an integer: {errors.clip(header_length)!r}") from None
         if not 0 <= length <= len(body):
             raise errors.invalid(f"{HEADER_LENGTH} {length} exceeds the body of {len(body)} bytes")
         view = memoryview(body)
@@ -208,7 +209,7 @@ def _request_from_document(
     inputs: list[Tensor] = []
     offset = 0
     for raw in raw_inputs:
-        name = raw["name"]
+        name = errors.clip(str(raw["name"]))
         datatype = raw["datatype"]
         shape = raw["shape"]
         size = (raw.get("parameters") or {}).get("binary_data_size")
@@ -225,7 +226,7 @@ def _request_from_document(
             try:
                 flat = from_json_values(raw["data"], datatype)
             except KeyError:
-                raise errors.invalid(f"input '{name}': unsupported datatype {datatype!r}") from None
+                raise errors.invalid(f"input '{name}': unsupported datatype {errors.clip(str(datatype))!r}") from None
             except (ValueError, TypeError, OverflowError) as error:
                 raise errors.invalid(f"input '{name}': bad data: {error}") from None
             inputs.append(tensor_from_flat(name, datatype, shape, flat))
@@ -277,7 +278,7 @@ def _invalid_json(error: orjson.JSONDecodeError) -> errors.InferError:
 def _decompress(body: bytes, encoding: str, max_body: int) -> bytes:
     windows = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
     if encoding not in windows:
-        raise errors.invalid(f"unsupported Content-Encoding {encoding!r} (gzip or deflate)")
+        raise errors.invalid(f"unsupported Content-Encoding {errors.clip(encoding)!r} (gzip or deflate)")
     inflater = zlib.decompressobj(windows[encoding])
     try:
         data = inflater.decompress(body, max_body + 1)

@@ -131,5 +131,10 @@ def test_grpcurl_lists_describes_and_calls_through_reflection(
         "grpc.reflection.v1alpha.ServerReflection",
         "inference.GRPCInferenceService",
     ]
-    assert "rpc ModelInfer" in run("describe", "inference.GRPCInferenceService")
+    described = run("describe", "inference.GRPCInferenceService")
+    assert "rpc ModelInfer(" in described
+    # declared in Triton's service.proto but answered UNIMPLEMENTED here: not advertised
+    assert "ModelStreamInfer" not in described
+    assert "RepositoryIndex" not in described
+    assert "ModelStreamInfer" not in run("list", "inference.GRPCInferenceService")
     assert '"ready": true' in run("inference.GRPCInferenceService/ServerReady")

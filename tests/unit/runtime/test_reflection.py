@@ -45,3 +45,18 @@ def test_files_by_name_and_unknown_symbols() -> None:
     assert missing.error_response.error_code == reflection.NOT_FOUND
     extensions = reflecting().answer(PACKAGE, Request(all_extension_numbers_of_type="x.Y"))
     assert extensions.error_response.error_code == reflection.UNIMPLEMENTED
+
+
+def test_a_file_is_described_with_only_the_methods_served() -> None:
+    names = ["inference.GRPCInferenceService"]
+    served = {"inference.GRPCInferenceService": ["ModelInfer", "ServerLive"]}
+    pruned = reflection.Reflection(names, [service_pb2.DESCRIPTOR], served=served)
+    response = pruned.answer(PACKAGE, Request(file_containing_symbol=names[0]))
+    first = response.file_descriptor_response.file_descriptor_proto[0]
+    proto = descriptor_pb2.FileDescriptorProto.FromString(first)
+    methods = {m.name for s in proto.service for m in s.method}
+    assert methods == {"ModelInfer", "ServerLive"}  # ModelStreamInfer is answered UNIMPLEMENTED
+    assert [m.name for m in proto.message_type] == [
+        m.name for m in descriptor_pb2.FileDescriptorProto.FromString(
+            service_pb2.DESCRIPTOR.serialized_pb).message_type
+    ]  # the messages stay: only the service's methods are cut
