@@ -209,11 +209,13 @@ class GrpcService:
             return await self._stream(request, streamed)
         method = self._methods.get(path)
         if method is None:
-            return status_response("UNIMPLEMENTED", f"unknown method {errors.clip(path.decode('latin-1'))}")
+            unknown = errors.clip(path.decode("latin-1"))
+            return status_response("UNIMPLEMENTED", f"unknown method {unknown}")
         try:
-            if request.too_large:
-                raise errors.invalid(
-                    f"request message exceeds the limit of {self.max_message} bytes"
+            if request.too_large:  # refused at its length prefix, or as it passed the limit
+                raise _Refused(
+                    "RESOURCE_EXHAUSTED",
+                    f"request message exceeds the limit of {self.max_message} bytes",
                 )
             timeout = grpc_timeout(headers[b"grpc-timeout"]) if b"grpc-timeout" in headers else None
             message = await self._unframe(request, method.request_type)

@@ -184,6 +184,9 @@ class Decoder:
                     self._generation += 1
                     self._evict(0)
                     continue
+                elif oversized:  # a literal not for the table, in a list already refused:
+                    pos = self._skip_literal(block, pos)  # its strings are not decoded
+                    continue
                 else:  # literal without indexing (0000) or never indexed (0001)
                     field, pos = self._literal(block, pos, 4)
                 total += len(field[0]) + len(field[1]) + ENTRY_OVERHEAD
@@ -216,6 +219,18 @@ class Decoder:
             name, pos = _string(block, pos)
         value, pos = _string(block, pos)
         return (name, value), pos
+
+    def _skip_literal(self, block: bytes, pos: int) -> int:
+        """Past a literal field without indexing, its strings unread (no Huffman decoding)."""
+        index, pos = _integer(block, pos, 4)
+        if index:
+            self._entry(index)  # still a valid reference
+        for _ in range(1 if index else 2):
+            length, pos = _integer(block, pos, 7)
+            pos += length
+            if pos > len(block):
+                raise HpackError("string runs past the end of the header block")
+        return pos
 
     def _add(self, field: tuple[bytes, bytes]) -> None:
         self._generation += 1

@@ -111,7 +111,7 @@ async def test_bad_framing_and_messages_are_refused(body: bytes, code: int, need
 
 async def test_an_oversized_request_is_refused_with_the_limit() -> None:
     code, message = status(await service().handle(request(b"", too_large=True)))
-    assert (code, message) == (3, "request message exceeds the limit of 1000 bytes")
+    assert (code, message) == (8, "request message exceeds the limit of 1000 bytes")  # EXHAUSTED
 
 
 async def test_a_malformed_deadline_is_refused() -> None:

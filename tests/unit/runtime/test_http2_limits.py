@@ -287,12 +287,40 @@ async def test_a_header_list_over_the_limit_fails_its_stream_only(harness: Harne
     assert wire.GOAWAY not in [f[0] for f in frames]
 
 
+async def test_metadata_far_over_the_limit_fails_its_stream_only(harness: Harness) -> None:
+    """64 KiB of metadata (four times the default limit, in HEADERS and CONTINUATION frames)
+    fails its own call while another call on the connection is answered (it used to end the
+    connection with GOAWAY ENHANCE_YOUR_CALM past twice the limit)."""
+
+    async def handler(request: Request) -> Response:
+        if request.headers_too_large:
+            return Response(OK, b"headers too large", TRAILERS)
+        return await echo(request)
+
+    await harness.serve(handler, limits=Http2Limits())
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START + open_stream(1, b"/inflight"))  # a call in progress
+    big = hpack.encode([*request_fields(b"/big"), (b"x-big", b"v" * (64 << 10))])
+    pieces = [big[i : i + 16384] for i in range(0, len(big), 16384)]
+    frames = wire.frame(wire.HEADERS, wire.END_STREAM, 3, pieces[0])
+    for i, piece in enumerate(pieces[1:], 1):
+        frames += wire.frame(wire.CONTINUATION, wire.END_HEADERS if i == len(pieces) - 1 else 0,
+                             3, piece)  # fmt: skip
+    peer.write(frames + wire.frame(wire.DATA, wire.END_STREAM, 1, b"done"))
+    seen = await peer.frames_until(lambda frames: {1, 3} <= trailers_seen(frames))
+    assert (wire.DATA, 0, 3, b"headers too large") in seen
+    assert (wire.DATA, 0, 1, b"/inflight done") in seen
+    assert wire.GOAWAY not in [f[0] for f in seen]
+    assert harness.budget.peak >= 48 << 10  # the block was counted while it arrived
+    assert harness.budget.used == 0  # and freed
+
+
 async def test_a_header_block_far_over_the_limit_is_refused_from_its_frame_header(
     harness: Harness,
 ) -> None:
-    await harness.serve(limits=Http2Limits(max_header_list_size=1024))
+    await harness.serve(limits=Http2Limits(max_header_list_size=512))  # a block of 8 KiB at most
     peer = await harness.connect(Peer)
-    huge = wire.frame(wire.HEADERS, wire.END_STREAM, 1, b"\0" * 4096)
+    huge = wire.frame(wire.HEADERS, wire.END_STREAM, 1, b"\0" * 9000)
     peer.write(RAW_START + huge[:9])  # only the frame header: the block is never buffered
     frames = await peer.frames_until(None)
     assert goaway(frames)[1] == CALM
@@ -571,3 +599,20 @@ async def test_an_answer_larger_than_the_budget_still_reaches_a_client_that_open
     frames = await peer.frames_until(lambda frames: {1, 3} <= trailers_seen(frames))
     assert sum(len(f[3]) for f in frames if f[0] == wire.DATA and f[2] == 1) == 2 << 20
     assert harness.budget.used == 0
+
+
+async def test_a_grpc_message_declaring_more_than_the_limit_is_refused_at_its_prefix(
+    harness: Harness,
+) -> None:
+    """A length prefix declaring 4 GiB is answered from its first DATA frame: nothing of the
+    message is held (it used to be buffered up to the limit first)."""
+    await harness.serve(max_body=8 << 20)
+    peer = await harness.connect(Peer)
+    fields = [*request_fields(b"/svc/Infer"), (b"content-type", b"application/grpc")]
+    headers = wire.frame(wire.HEADERS, wire.END_HEADERS, 1, hpack.encode(fields))
+    first = b"\0\xff\xff\xff\xff"  # uncompressed, 4 GiB - 1
+    peer.write(RAW_START + headers + wire.frame(wire.DATA, 0, 1, first + b"x" * 16000))
+    frames = await peer.frames_until(lambda frames: 1 in trailers_seen(frames))
+    assert (wire.DATA, 0, 1, b"too large") in frames
+    assert harness.requests[0].too_large
+    assert harness.budget.peak == 0  # not a byte of it was held

@@ -222,7 +222,9 @@ class Receiving(Answering):
         request = stream.request
         if not stream.dispatched or request.arrived is not None:  # else answered: dropped
             request.size += len(data)
-            if request.size > self._max_body:
+            if request.size > self._max_body or (
+                request.size >= 5 > request.size - len(data) and self._declares_too_much(request, data)
+            ):
                 request.too_large = True
                 request.chunks.clear()
                 self._release(stream)
@@ -245,6 +247,15 @@ class Receiving(Answering):
             stream.unacked = 0
         self._update_reading()
 
+    def _declares_too_much(self, request: Request, data: bytes) -> bool:
+        """The request's first gRPC message declares, in its length prefix, more than the body
+        limit: it is refused there, before any of it is held (a prefix declaring 4 GiB would
+        otherwise be buffered up to the limit first)."""
+        if not request.headers.get(b"content-type", b"").startswith(b"application/grpc"):
+            return False
+        head = b"".join(request.chunks)[:5] + data[:5]
+        return 5 + int.from_bytes(head[1:5], "big") > self._max_body
+
     def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id == 0 or stream_id % 2 == 0:
             raise ProtocolViolation(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}")
@@ -260,16 +271,19 @@ class Receiving(Answering):
         else:
             self._continuing = (stream_id, flags, bytearray(block))
             self._continuing_since = self._loop.time()
+            self._hold(len(block))  # an unfinished block is memory the connection holds
 
     def _on_continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
         if self._continuing is None:
             raise ProtocolViolation(PROTOCOL_ERROR, "CONTINUATION without HEADERS")
         _, first_flags, block = self._continuing
         block += payload
+        self._hold(len(payload))
         if len(block) > self._max_block:
             raise ProtocolViolation(ENHANCE_YOUR_CALM, f"header block over {self._max_block} bytes")
         if flags & END_HEADERS:
             self._continuing = None
+            self._hold(-len(block))
             self._on_header_block(first_flags, stream_id, bytes(block))
 
     def _on_header_block(self, flags: int, stream_id: int, block: bytes) -> None:

@@ -37,9 +37,12 @@ if TYPE_CHECKING:
     from kiln_runtime.protocol.http2.connection import Http2Connection
 
 RECENT_STREAMS = 1024  # closed streams remembered: late frames on them are told apart
-# A compressed header block may be this many times the header list limit (indexed fields make
-# a block smaller than its list); past it the block is refused unread, ending the connection.
-HEADER_BLOCK_FACTOR = 2
+# A compressed header block may be this many times the header list limit: up to it, a list
+# over the limit fails only its own stream (the block is decoded for the table, its oversized
+# fields skipped, and counted in the connection's memory while it arrives); past it the block
+# is refused unread, ending the connection (256 KiB at the default 16 KiB: no client's
+# metadata, only a flood, is that large).
+HEADER_BLOCK_FACTOR = 16
 
 
 class Stream:
