@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Executor
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -22,6 +22,7 @@ from kiln_runtime.batcher import DynamicBatcher
 from kiln_runtime.config import RuntimeConfig, TensorSpec
 from kiln_runtime.datatypes import numpy_carrier
 from kiln_runtime.metrics import RuntimeMetrics
+from kiln_runtime.protocol.decoding import DecodingProcess
 from kiln_runtime.protocol.types import InferRequest, InferResponse, Tensor
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,10 @@ class DataPlane:
         self._executor = executor
         self._compute_threads = compute_threads
         self._cpus = cpus
-        # Large bodies are parsed here, never in the model's thread (it must stay free for
-        # batches) nor on the event loop (it must stay free for every other client).
-        self._decode_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kiln-decode")
+        # Large bodies are parsed in a process of their own, never in the model's thread (it
+        # must stay free for batches) nor on the event loop (it must stay free for every other
+        # client): protocol/decoding.py says why not in a thread.
+        self.decoding = DecodingProcess()
         self._last_inference_ms = 0
         self._spec = config.model
         self._inputs = {spec.name: spec for spec in self._spec.inputs}
@@ -173,7 +175,7 @@ class DataPlane:
 
     async def stop(self) -> None:
         await self._batcher.stop()
-        self._decode_executor.shutdown(wait=False, cancel_futures=True)
+        self.decoding.close()
 
     # ---------------------------------------------------------------- accounting
 
@@ -206,7 +208,7 @@ class DataPlane:
         decode: Callable[[], InferRequest],
         encode: Callable[[InferResponse], T],
         *,
-        decode_off_loop: bool = False,
+        decode_off_loop: Callable[[], Awaitable[InferRequest]] | None = None,
     ) -> T:
         """One infer request as both protocols serve it: decode, infer, encode, each stage
         timed, the request counted under exactly one outcome code.
@@ -219,8 +221,8 @@ class DataPlane:
         (an output of NaN asked for as JSON), which is no fault of the client. Cancellation
         (the client went away, or the adapter gave up at the call's deadline) is counted
         ``deadline`` if the request's deadline had passed, else ``cancelled``, and propagates.
-        ``decode_off_loop`` decodes in a worker thread (large bodies: parsing must not stall
-        the event loop and the health probes it serves).
+        ``decode_off_loop``, when given, decodes instead of ``decode`` without holding the event
+        loop (large bodies: parsing must not stall the health probes and other clients).
         """
         started = time.perf_counter()
         code = errors.OK_METRIC_CODE
@@ -228,10 +230,8 @@ class DataPlane:
         encoding = False
         self.request_started()
         try:
-            if decode_off_loop:
-                request = await asyncio.get_running_loop().run_in_executor(
-                    self._decode_executor, decode
-                )
+            if decode_off_loop is not None:
+                request = await decode_off_loop()
             else:
                 request = decode()
             if request.timeout_seconds is not None:

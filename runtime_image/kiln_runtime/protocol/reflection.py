@@ -161,7 +161,8 @@ class Reflection:
                 kept = [m for m in service.method if m.name in served]
                 del service.method[:]
                 service.method.extend(kept)
-        return proto.SerializeToString()
+        serialized: bytes = proto.SerializeToString()
+        return serialized
 
     def answer(self, package: str, request: Any) -> Any:
         response = _response_type(package)(valid_host=request.host, original_request=request)

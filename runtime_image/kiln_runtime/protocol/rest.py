@@ -101,7 +101,9 @@ class RestAdapter:
                 404, {"error": f"the {unsupported} extension is not supported ({quoted})"}
             )
         if method != "GET":
-            return json_response(405, {"error": f"{errors.clip(method)} is not allowed on {quoted}"})
+            return json_response(
+                405, {"error": f"{errors.clip(method)} is not allowed on {quoted}"}
+            )
         dp = self.dataplane
         try:
             if rest == []:
@@ -132,18 +134,33 @@ class RestAdapter:
     async def _infer(
         self, model_parts: list[str], headers: dict[str, str], body: bytes
     ) -> HttpResponse:
+        name, version, tail = _model_path(model_parts)
+
         def decode() -> InferRequest:
-            name, version, tail = _model_path(model_parts)
             if tail:
-                raise errors.not_found(f"no route for model path {errors.clip('/'.join(model_parts))}")
+                raise errors.not_found(
+                    f"no route for model path {errors.clip('/'.join(model_parts))}"
+                )
             return decode_infer(name, version, headers, body, self.max_decompressed)
 
-        # Inflating and parsing a large or compressed body takes long enough to delay every
-        # other client (and the health probes): it runs in a worker thread.
-        off_loop = len(body) >= self.off_loop_bytes or "content-encoding" in headers
+        async def decode_elsewhere() -> InferRequest:
+            if tail:
+                return decode()
+            return await self.dataplane.decoding.decode(
+                name, version, headers, body, self.max_decompressed
+            )
+
+        # Inflating and parsing a large or compressed body holds the GIL long enough to delay
+        # every other client (and the health probes): it runs in the decoding process. A binary
+        # body's tensors are views of it, not parsed: only its JSON part counts.
+        json_bytes = len(body)
+        declared = headers.get(HEADER_LENGTH, "")
+        if declared.isdigit() and len(declared) <= 18:
+            json_bytes = min(json_bytes, int(declared))
+        off_loop = json_bytes >= self.off_loop_bytes or "content-encoding" in headers
         try:
             return await self.dataplane.handle(
-                "http", decode, encode_infer, decode_off_loop=off_loop
+                "http", decode, encode_infer, decode_off_loop=decode_elsewhere if off_loop else None
             )
         except errors.InferError as error:
             return error_response(error)
@@ -182,7 +199,9 @@ def decode_infer(
         try:
             length = int(header_length)
         except ValueError:
-            raise errors.invalid(f"{HEADER_LENGTH} is not an integer: {errors.clip(header_length)!r}") from None
+            raise errors.invalid(
+                f"{HEADER_LENGTH} is not an integer: {errors.clip(header_length)!r}"
+            ) from None
         if not 0 <= length <= len(body):
             raise errors.invalid(f"{HEADER_LENGTH} {length} exceeds the body of {len(body)} bytes")
         view = memoryview(body)
@@ -226,7 +245,9 @@ def _request_from_document(
             try:
                 flat = from_json_values(raw["data"], datatype)
             except KeyError:
-                raise errors.invalid(f"input '{name}': unsupported datatype {errors.clip(str(datatype))!r}") from None
+                raise errors.invalid(
+                    f"input '{name}': unsupported datatype {errors.clip(str(datatype))!r}"
+                ) from None
             except (ValueError, TypeError, OverflowError) as error:
                 raise errors.invalid(f"input '{name}': bad data: {error}") from None
             inputs.append(tensor_from_flat(name, datatype, shape, flat))
@@ -278,7 +299,9 @@ def _invalid_json(error: orjson.JSONDecodeError) -> errors.InferError:
 def _decompress(body: bytes, encoding: str, max_body: int) -> bytes:
     windows = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
     if encoding not in windows:
-        raise errors.invalid(f"unsupported Content-Encoding {errors.clip(encoding)!r} (gzip or deflate)")
+        raise errors.invalid(
+            f"unsupported Content-Encoding {errors.clip(encoding)!r} (gzip or deflate)"
+        )
     inflater = zlib.decompressobj(windows[encoding])
     try:
         data = inflater.decompress(body, max_body + 1)

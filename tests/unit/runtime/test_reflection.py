@@ -57,6 +57,8 @@ def test_a_file_is_described_with_only_the_methods_served() -> None:
     methods = {m.name for s in proto.service for m in s.method}
     assert methods == {"ModelInfer", "ServerLive"}  # ModelStreamInfer is answered UNIMPLEMENTED
     assert [m.name for m in proto.message_type] == [
-        m.name for m in descriptor_pb2.FileDescriptorProto.FromString(
-            service_pb2.DESCRIPTOR.serialized_pb).message_type
+        m.name
+        for m in descriptor_pb2.FileDescriptorProto.FromString(
+            service_pb2.DESCRIPTOR.serialized_pb
+        ).message_type
     ]  # the messages stay: only the service's methods are cut

@@ -223,7 +223,8 @@ class Receiving(Answering):
         if not stream.dispatched or request.arrived is not None:  # else answered: dropped
             request.size += len(data)
             if request.size > self._max_body or (
-                request.size >= 5 > request.size - len(data) and self._declares_too_much(request, data)
+                request.size >= 5 > request.size - len(data)
+                and self._declares_too_much(request, data)
             ):
                 request.too_large = True
                 request.chunks.clear()
