@@ -64,6 +64,8 @@ class DataPlane:
         # must stay free for batches) nor on the event loop (it must stay free for every other
         # client): protocol/decoding.py says why not in a thread.
         self.decoding = DecodingProcess()
+        # A port that refuses new clients makes the runtime unready (server.py: ports.py)
+        self.saturated: Callable[[], bool] = _never
         self._last_inference_ms = 0
         self._spec = config.model
         self._inputs = {spec.name: spec for spec in self._spec.inputs}
@@ -94,7 +96,7 @@ class DataPlane:
 
     @property
     def ready(self) -> bool:
-        return self._warm and not self._draining
+        return self._warm and not self._draining and not self.saturated()
 
     @property
     def inflight(self) -> int:
@@ -481,3 +483,7 @@ _PLATFORMS = {
     "torch_export": "pytorch_export",
     "onnx": "onnxruntime_onnx",
 }
+
+
+def _never() -> bool:
+    return False

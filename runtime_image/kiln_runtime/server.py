@@ -16,8 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import start_http_server
-
+from kiln_runtime import ports
 from kiln_runtime.config import RuntimeConfig
 from kiln_runtime.dataplane import DataPlane
 from kiln_runtime.metrics import RuntimeMetrics
@@ -25,6 +24,7 @@ from kiln_runtime.protocol.grpc import InferenceServicer
 from kiln_runtime.protocol.grpcio_server import GrpcioServer
 from kiln_runtime.protocol.grpcserver import GrpcServer
 from kiln_runtime.protocol.httpserver import HttpServer
+from kiln_runtime.protocol.metricsserver import MetricsServer
 from kiln_runtime.protocol.rest import RestAdapter
 
 log = logging.getLogger(__name__)
@@ -75,15 +75,21 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
         grpc_server = GrpcioServer(grpc_service, age, grace, limits=config.http2, tls=tls)
     else:
         grpc_server = GrpcServer(grpc_service, age, grace, limits=config.http2)
-    metrics_server, metrics_thread = start_http_server(
-        options.metrics_port, addr=options.host, registry=metrics.registry
-    )
+    metrics_server = MetricsServer(metrics.registry)
+    metrics_port = await metrics_server.start(options.host, options.metrics_port)
     http_port = await http.start(options.host, options.http_port)
     grpc_port = await grpc_server.start(options.host, options.grpc_port)
+    port_status: dict[str, ports.PortStatus] = {
+        "http": http.port_status, "metrics": metrics_server.port_status,
+    }  # fmt: skip
+    if isinstance(grpc_server, GrpcServer):  # grpcio's server keeps its own connections
+        port_status["grpc"] = grpc_server.port_status
+    metrics.registry.register(ports.PortsCollector(config.model.name, port_status))
+    dataplane.saturated = lambda: bool(ports.saturated(port_status))
     log.info(
         "kiln_runtime for model %r listening: http %s:%d grpc %s:%d metrics %s:%d",
         config.model.name, options.host, http_port, options.host, grpc_port,
-        options.host, metrics_server.server_port,
+        options.host, metrics_port,
     )  # fmt: skip
 
     stop = stop or asyncio.Event()
@@ -115,8 +121,7 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
         await grpc_server.stop(grace=1.0)
         await http.stop()
         await dataplane.stop()
-        metrics_server.shutdown()
-        metrics_thread.join(timeout=5)
+        await metrics_server.stop()
         executor.shutdown(wait=False, cancel_futures=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

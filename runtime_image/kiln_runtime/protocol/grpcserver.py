@@ -349,6 +349,11 @@ class GrpcServer:
         )  # fmt: skip
         return listening_port(self._server)
 
+    def port_status(self) -> tuple[int, int, int, float]:
+        """Open connections, idle ones closed at the cap, refused ones, when the last was."""
+        health = self.health
+        return len(self._connections), health.evicted, health.refused, health.refused_at
+
     async def stop(self, grace: float) -> None:
         """Stop listening, GOAWAY every connection, close them when answered or at ``grace``."""
         if self._server is None:

@@ -123,6 +123,8 @@ class HttpConnection(asyncio.Protocol):
             >= self._limits.max_connections + self._limits.health_connections
         )
         if full and not (self._limits.health_connections and shared.health.evict_idle()):
+            shared.health.refused += 1  # the port's saturation (metrics, readiness)
+            shared.health.refused_at = asyncio.get_running_loop().time()
             transport.write(_REFUSED)
             transport.close()
             return
@@ -432,6 +434,11 @@ class HttpServer:
             lambda: HttpConnection(self._shared), host, port, backlog=1024
         )
         return listening_port(self._server)
+
+    def port_status(self) -> tuple[int, int, int, float]:
+        """Open connections, idle ones closed at the cap, refused ones, when the last was."""
+        health = self._shared.health
+        return len(self._shared.connections), health.evicted, health.refused, health.refused_at
 
     async def stop(self) -> None:
         """Stop listening and close idle connections (the caller drained in-flight work)."""

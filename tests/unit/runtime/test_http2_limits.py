@@ -142,13 +142,21 @@ async def test_a_budget_refills_with_time(harness: Harness) -> None:
     assert wire.GOAWAY not in [f[0] for f in peer.frames]
 
 
-async def test_connections_over_the_limit_are_refused_at_accept(harness: Harness) -> None:
+async def test_connections_over_the_limit_are_refused_at_accept_when_none_is_idle(
+    harness: Harness,
+) -> None:
     await harness.serve(limits=Http2Limits(max_connections=2, health_connections=0))
     first = await harness.connect(H2Client)
-    await harness.connect(H2Client)
-    await first.events_until(has(h2.events.RemoteSettingsChanged))
+    second = await harness.connect(H2Client)
+    for client in (first, second):  # each serving a call: none may be closed to make room
+        client.request(b"/open", b"x", end=False)
+        await client.events_until(has(h2.events.RemoteSettingsChanged))
+    await asyncio.sleep(0.05)
     refused = await harness.connect(Peer)
     assert await refused.frames_until(None) == []  # closed without a byte
+    assert harness.health.refused == 1
+    assert harness.health.refused_at > 0  # the port's saturation, for metrics and readiness
+    first.request(b"/open", b"", end=True)  # (ends its call)
 
     first.writer.close()
     await asyncio.wait_for(first.writer.wait_closed(), TIMEOUT)
@@ -185,6 +193,8 @@ async def test_past_the_cap_a_connection_may_only_check_health(harness: Harness)
     )
     busy = await harness.connect(H2Client)
     assert (await answered(busy, b"/infer"))[0] == b"/infer x"  # within the cap: anything
+    busy.request(b"/long", b"x", end=False)  # a call in progress: not closed to make room
+    await asyncio.sleep(0.05)
 
     prober = await harness.connect(H2Client)
     assert (await answered(prober, HEALTH))[0] == HEALTH + b" x"
@@ -203,7 +213,9 @@ async def test_when_the_health_budget_is_full_the_oldest_idle_one_makes_room(
     await harness.serve(
         over_capacity_marked, limits=limits, health=HealthReserve(frozenset({HEALTH}))
     )
-    await answered(await harness.connect(H2Client), b"/infer")
+    serving = await harness.connect(H2Client)
+    await answered(serving, b"/infer")
+    serving.request(b"/long", b"x", end=False)  # a call in progress: not closed to make room
     oldest = await harness.connect(Peer)  # idle: a preface and nothing more
     oldest.write(RAW_START)
     await oldest.frames_until(lambda frames: any(f[0] == wire.SETTINGS for f in frames))
@@ -616,3 +628,35 @@ async def test_a_grpc_message_declaring_more_than_the_limit_is_refused_at_its_pr
     assert (wire.DATA, 0, 1, b"too large") in frames
     assert harness.requests[0].too_large
     assert harness.budget.peak == 0  # not a byte of it was held
+
+
+async def test_at_the_cap_the_oldest_idle_connection_makes_room(harness: Harness) -> None:
+    """Connections that sent a preface and nothing more fill the port; a new client is
+    admitted in place of the oldest of them (it used to be refused while they stayed)."""
+    await harness.serve(limits=Http2Limits(max_connections=3, health_connections=0))
+    used = await harness.connect(H2Client)
+    assert (await answered(used, b"/infer"))[0] == b"/infer x"  # idle now, but it has served
+    silent = []
+    for _ in range(2):
+        peer = await harness.connect(Peer)
+        peer.write(RAW_START)
+        await peer.frames_until(lambda frames: any(f[0] == wire.SETTINGS for f in frames))
+        silent.append(peer)
+    newcomer = await harness.connect(H2Client)
+    assert (await answered(newcomer, b"/infer"))[0] == b"/infer x"
+    frames = await silent[0].frames_until(None)  # the oldest that never opened a stream
+    assert goaway(frames) == (0, wire.NO_ERROR)
+    assert harness.health.evicted == 1 and harness.health.refused == 0
+    assert (await answered(used, b"/infer"))[0] == b"/infer x"  # the used one stays
+
+
+async def test_a_connection_that_never_opens_a_stream_is_closed(
+    harness: Harness, fast_ticks: None
+) -> None:
+    await harness.serve(limits=Http2Limits(header_timeout_seconds=0.1))
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START)  # a preface, then nothing: 300 s of idle timeout before
+    started = asyncio.get_running_loop().time()
+    frames = await peer.frames_until(None)
+    assert goaway(frames) == (0, wire.NO_ERROR)
+    assert asyncio.get_running_loop().time() - started < 2

@@ -76,6 +76,12 @@ class HealthReserve(Generic[C]):
     def __init__(self, paths: frozenset[bytes] = frozenset()) -> None:
         self.paths = paths
         self.connections: dict[C, None] = {}
+        # What the port did at its cap (the port's saturation, for metrics, log and readiness):
+        # idle connections closed to admit new ones, connections refused (none was idle), and
+        # when the last one was refused (the loop's clock; 0: never).
+        self.evicted = 0
+        self.refused = 0
+        self.refused_at = 0.0
 
     def evict_idle(self) -> bool:
         """Drop the oldest health-budget connection with no open request; False if none."""

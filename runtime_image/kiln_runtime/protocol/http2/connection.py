@@ -51,9 +51,17 @@ class Http2Connection(Receiving):
         # uvloop's transports have Transport's methods without its class: no isinstance.
         transport = cast(asyncio.Transport, transport)
         limits = self._limits
+        if len(self._connections) >= limits.max_connections:
+            self._make_room()
         full = len(self._connections) >= limits.max_connections + limits.health_connections
         if full and not (limits.health_connections and self._health.evict_idle()):
-            log.warning("refused a connection: %d open", len(self._connections))
+            self._health.refused += 1
+            self._health.refused_at = self._loop.time()
+            if self._health.refused in (1, 10, 100) or self._health.refused % 1000 == 0:
+                log.warning(
+                    "gRPC port saturated: %d connections, none idle; %d refused so far",
+                    len(self._connections), self._health.refused,
+                )  # fmt: skip
             transport.abort()  # refused at accept: no preface, no memory
             return
         self._health_only = len(self._connections) >= limits.max_connections
@@ -67,6 +75,30 @@ class Http2Connection(Receiving):
         if self._max_age > 0:  # jittered, so connections made together do not age together
             age = self._max_age * random.uniform(1 - AGE_JITTER, 1 + AGE_JITTER)
             self._timers.append(self._loop.call_later(age, self._age_out))
+
+    def _make_room(self) -> None:
+        """At the cap, close the oldest connection not serving a call (one that never opened a
+        stream first) to admit this one, rather than refusing every new client while idle
+        sockets hold the port (GOAWAY NO_ERROR: a client that comes back reconnects)."""
+        victim: Http2Connection | None = None
+        for other in self._connections:
+            if other in self._health.connections or not other.idle:
+                continue
+            if victim is None or (other._last_stream_id > 0, other._opened) < (
+                victim._last_stream_id > 0,
+                victim._opened,
+            ):
+                victim = other
+        if victim is None:
+            return
+        self._health.evicted += 1
+        if self._health.evicted in (1, 10, 100) or self._health.evicted % 1000 == 0:
+            log.warning(
+                "gRPC port at its cap of %d connections: the oldest idle one closed to admit a "
+                "new one (%d so far)", self._limits.max_connections, self._health.evicted,
+            )  # fmt: skip
+        self._connections.discard(victim)
+        victim.shut_down()
 
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in self._timers:
@@ -141,6 +173,9 @@ class Http2Connection(Receiving):
         header_late = now - self._continuing_since > limits.header_timeout_seconds
         if self._continuing is not None and header_late:
             self._fail(ProtocolViolation(ENHANCE_YOUR_CALM, "header block timed out"))
+            return
+        if not self._last_stream_id and now - self._opened > limits.header_timeout_seconds:
+            self.shut_down()  # a connection that never opened a stream holds a slot for nothing
             return
         for stream in list(self._streams.values()):
             body_late = now - stream.opened > limits.body_timeout_seconds
