@@ -176,6 +176,9 @@ class RuntimeConfig:
     connections: ConnectionsConfig = field(default_factory=ConnectionsConfig)
     http: HttpLimits = field(default_factory=HttpLimits)
     http2: Http2Limits = field(default_factory=Http2Limits)
+    # the limits the document set ("http.processBufferBytes", ...): start-up derives the others
+    # from the container's own limits (container.py) and leaves these as they are
+    explicit: frozenset[str] = field(default=frozenset(), compare=False)
 
     def max_request_bytes(self) -> int:
         """The largest request body accepted: the biggest batch as JSON text, with headroom.
@@ -339,6 +342,10 @@ def parse_config(document: Any, model_name: str | None = None) -> RuntimeConfig:
         model=spec, optimization=optimization, batching=batching, warmup=warmup, drain=drain,
         connections=connections, http=_http_limits(root.get("http", {})),
         http2=_http2_limits(root.get("http2", {})),
+        explicit=frozenset(
+            f"{section}.{key}" for section in ("http", "http2")
+            if isinstance(root.get(section), Mapping) for key in root[section]
+        ),
     )  # fmt: skip
 
 
@@ -424,8 +431,9 @@ def to_document(config: RuntimeConfig) -> dict[str, Any]:
             "maxAgeSeconds": config.connections.max_age_seconds,
             "maxAgeGraceSeconds": config.connections.max_age_grace_seconds,
         },
-        "http": _http_document(config.http),
     }
+    if config.http != HttpLimits():  # written only when set: unset limits follow the container
+        document["http"] = _http_document(config.http)
     if config.http2 != Http2Limits():  # written only when set, like the operator renders it
         document["http2"] = {
             key: getattr(config.http2, name) for key, (name, _) in HTTP2_KEYS.items()

@@ -66,6 +66,8 @@ class DataPlane:
         self.decoding = DecodingProcess()
         # A port that refuses new clients makes the runtime unready (server.py: ports.py)
         self.saturated: Callable[[], bool] = _never
+        # the limits start-up derived from the container's (container.py), for the stats
+        self.limits_report: dict[str, Any] = {}
         self._last_inference_ms = 0
         self._spec = config.model
         self._inputs = {spec.name: spec for spec in self._spec.inputs}

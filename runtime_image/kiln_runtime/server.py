@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import os
 import signal
@@ -16,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln_runtime import ports
+from kiln_runtime import container, ports
 from kiln_runtime.config import RuntimeConfig
 from kiln_runtime.dataplane import DataPlane
 from kiln_runtime.metrics import RuntimeMetrics
@@ -56,7 +57,11 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
     """Run until SIGTERM/SIGINT (or ``stop`` is set); returns the process exit code."""
     from kiln_runtime.model import ModelRunner  # imports torch: keep `--help` fast
 
-    config = options.config
+    fitted = container.fit(
+        options.config, container.read_memory_limit(), container.raise_open_files()
+    )
+    config = fitted.config
+    log.info("limits for this container: %s", json.dumps(fitted.report))
     if options.torch_threads:
         import torch
 
@@ -64,6 +69,7 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
     metrics = RuntimeMetrics(config.model.name)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-model")
     dataplane = serving_dataplane(config, metrics, executor)
+    dataplane.limits_report = fitted.report
     http = HttpServer(RestAdapter(dataplane))
     grpc_service = InferenceServicer(dataplane).service()
     age, grace = config.connections.max_age_seconds, config.connections.max_age_grace_seconds
@@ -75,7 +81,7 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
         grpc_server = GrpcioServer(grpc_service, age, grace, limits=config.http2, tls=tls)
     else:
         grpc_server = GrpcServer(grpc_service, age, grace, limits=config.http2)
-    metrics_server = MetricsServer(metrics.registry)
+    metrics_server = MetricsServer(metrics.registry, max_connections=fitted.metrics_connections)
     metrics_port = await metrics_server.start(options.host, options.metrics_port)
     http_port = await http.start(options.host, options.http_port)
     grpc_port = await grpc_server.start(options.host, options.grpc_port)

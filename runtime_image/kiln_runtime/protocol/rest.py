@@ -114,8 +114,9 @@ class RestAdapter:
                 return json_response(200 if dp.live else 503, {"live": dp.live})
             if rest == ["health", "ready"]:
                 return json_response(200 if dp.ready else 503, {"ready": dp.ready})
-            if rest == ["models", "stats"]:
-                return json_response(200, {"model_stats": [dp.statistics()]})
+            if rest == ["models", "stats"]:  # with the limits in force (docs/runtime.md)
+                document = {"model_stats": [dp.statistics()], "limits": dp.limits_report}
+                return json_response(200, document)
             if len(rest) >= 2 and rest[0] == "models":
                 name, version, tail = _model_path(rest[1:])
                 if tail == []:

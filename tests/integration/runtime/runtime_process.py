@@ -93,7 +93,9 @@ def start(
     config: Path | None = None,
     name: str = "mlp",
     env: dict[str, str] | None = None,
+    open_files: int | None = None,
 ) -> Runtime:
+    """``open_files``: the process's RLIMIT_NOFILE, soft and hard (``ulimit -n``)."""
     http_port, grpc_port, metrics_port = free_ports(3)
     log = log_dir / f"runtime-{http_port}.log"
     command = [
@@ -104,6 +106,8 @@ def start(
     if config is not None:
         command += ["--config", str(config)]
     with log.open("wb") as sink:
+        if open_files is not None:  # util-linux's prlimit: the limits, then exec
+            command = ["prlimit", f"--nofile={open_files}:{open_files}", *command]
         process = subprocess.Popen(
             command, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
