@@ -216,10 +216,10 @@ def _drained_to_eof(sock: socket.socket) -> bool:
     return True
 
 
-def big_metadata(port: int, seconds: float) -> str:
-    """Calls carrying 20 KiB of metadata (over the 16 KiB limit) on one connection."""
+def big_metadata(port: int, seconds: float, size: int = 20_000) -> str:
+    """A call carrying ``size`` bytes of metadata (over the 16 KiB limit) on one connection."""
     sock = connect(port)
-    block = hpack.encode([*hpack.Decoder().decode(HEADERS_BLOCK), (b"x-big", b"v" * 20_000)])
+    block = hpack.encode([*hpack.Decoder().decode(HEADERS_BLOCK), (b"x-big", b"v" * size)])
     sid = 1
     for piece in range(0, len(block), MAX_FRAME_SIZE):
         first, last = piece == 0, piece + MAX_FRAME_SIZE >= len(block)
@@ -227,6 +227,54 @@ def big_metadata(port: int, seconds: float) -> str:
         flags = (wire.END_STREAM if first else 0) | (wire.END_HEADERS if last else 0)
         sock.sendall(wire.frame(kind, flags, sid, block[piece : piece + MAX_FRAME_SIZE]))
     return "answered, connection kept" if goaway_code(sock, 1) == "open" else "connection ended"
+
+
+INFER_BLOCK = hpack.encode(
+    [*hpack.Decoder().decode(HEADERS_BLOCK)[:2],
+     (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
+     *hpack.Decoder().decode(HEADERS_BLOCK)[3:]]
+)  # fmt: skip
+# the server's trailers carry grpc-status as a literal (its encoder writes no Huffman)
+RESOURCE_EXHAUSTED = b"grpc-status\x018"
+
+
+def huge_prefix(port: int, seconds: float) -> str:
+    """A ModelInfer call whose length prefix declares 4 GiB, and its first 16 KiB: the server
+    should answer from the prefix (it used to wait for, and buffer, up to 129.5 MiB)."""
+    sock = connect(port)
+    data = b"\0\xff\xff\xff\xff" + b"x" * (MAX_FRAME_SIZE - 5)
+    sock.sendall(
+        wire.frame(wire.HEADERS, wire.END_HEADERS, 1, INFER_BLOCK)
+        + wire.frame(wire.DATA, 0, 1, data)
+    )
+    sock.settimeout(seconds)
+    buffer = b""
+    try:
+        while RESOURCE_EXHAUSTED not in buffer and (chunk := sock.recv(1 << 16)):
+            buffer += chunk
+    except OSError:
+        pass
+    sock.close()
+    if RESOURCE_EXHAUSTED in buffer:
+        return "RESOURCE_EXHAUSTED from the first 16 KiB"
+    return f"no RESOURCE_EXHAUSTED within {seconds:g} s"
+
+
+def idle_connections(port: int, seconds: float) -> str:
+    """1,100 connections that send a preface and nothing more (past the cap), then a new
+    client's health check: served by closing the oldest idle one, not refused."""
+    held = []
+    for _ in range(1100):
+        try:
+            held.append(connect(port))
+        except OSError:
+            break
+    time.sleep(min(seconds, 0.5))
+    checked = health_check(port)
+    for sock in held:
+        sock.close()
+    served = "new client served" if checked else "new client NOT served"
+    return f"{len(held)} idle connections opened; {served}"
 
 
 ATTACKS: dict[str, Callable[[int, float], str]] = {
@@ -240,6 +288,9 @@ ATTACKS: dict[str, Callable[[int, float], str]] = {
     "connections": connection_flood,
     "slowloris": slowloris,
     "big-metadata": big_metadata,
+    "huge-metadata": lambda port, s: big_metadata(port, s, 64 << 10),
+    "huge-prefix": huge_prefix,
+    "idle-connections": idle_connections,
 }
 
 

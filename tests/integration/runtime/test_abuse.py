@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 
+from .abuse import ReadinessProbe
 from .conftest import ModelFactory
 from .runtime_process import Runtime, running
 
@@ -77,8 +78,10 @@ class Watch:
         self.failures: list[str] = []
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._probe), threading.Thread(target=self._rss)]
+        self.readiness = ReadinessProbe(runtime)
 
     def __enter__(self) -> "Watch":
+        self.readiness.__enter__()
         for thread in self._threads:
             thread.start()
         return self
@@ -88,6 +91,7 @@ class Watch:
         for thread in self._threads:
             thread.join(30)
         self.client.close()  # its connection is not left over for the next attack
+        self.readiness.__exit__()
 
     def _probe(self) -> None:
         while not self._stop.is_set() and len(self.latencies) < 100_000:
@@ -122,6 +126,7 @@ def record(attack: str, outcome: str, watch: Watch) -> None:
         "probe_p99_ms": round(watch.p99, 1),
         "probes": len(watch.latencies),
         "probe_failures": len(watch.failures),
+        **watch.readiness.row(),
         "load": round(os.getloadavg()[0], 1),
     }
     with open(out, "a") as sink:
@@ -139,6 +144,9 @@ EXPECTED = {  # attack: its time limit, and the start of the line it must print
     "connections": (3, "kept within the cap"),  # see kept_within_cap
     "slowloris": (2.5, "200 of 200 closed"),
     "big-metadata": (3, "answered, connection kept"),
+    "huge-metadata": (3, "answered, connection kept"),  # 64 KiB: was GOAWAY past 32 KiB
+    "huge-prefix": (3, "RESOURCE_EXHAUSTED from the first 16 KiB"),
+    "idle-connections": (3, "1100 idle connections opened; new client served"),
 }
 
 

@@ -169,10 +169,16 @@ def test_the_abuse_page_has_both_ports_tables_and_judges_the_probe_target() -> N
             "probe_p99_ms": 6.0, "probes": 300, "probe_failures": 0, "load": 1.5}  # fmt: skip
     slow = {**grpc, "attack": "unread-answers", "probe_p99_ms": 61.0}
     runs = [slow, {**slow, "probe_p99_ms": 12.0}, {**slow, "probe_p99_ms": 70.0}]
-    page = abuse_page.render([http, grpc, *runs], "2026-11-26")
+    ready = {"ready_p99_ms": 4.0, "ready_max_ms": 9.0, "ready_probes": 30, "ready_failures": 0}
+    late = {**grpc, **ready, "attack": "settings", "ready_max_ms": 300.0}
+    page = abuse_page.render([http, grpc, *runs, {**http, **ready}, late], "2026-11-26")
     assert "## Abuse (HTTP/1.1, MLP)" in page and "## Abuse (HTTP/2, the gRPC port)" in page
-    assert "| 131 MB header | 571 MiB (569 MiB) | 17.7 ms (174, 0) | 431 |" in page
-    assert "| PING flood | goaway 11 | 0.0 MiB | 6.0 ms (300, 0) | 1.5 | ok |" in page
+    assert "| 131 MB header | 571 MiB (569 MiB) | 17.7 ms (174, 0) | not measured |  | 431 |" in page
+    assert "| 17.7 ms (174, 0) | 4.0 / 9.0 ms (30, 0) |  | 431 |" in page
+    assert "| PING flood | goaway 11 | 0.0 MiB | 6.0 ms (300, 0) | not measured | 1.5 | ok |" in page
+    settings = next(line for line in page.splitlines() if "SETTINGS flood" in line)
+    assert "**4.0 / 300.0 ms (30, 0)**" in settings  # over the 250 ms maximum
+    assert "readiness over its target" in settings
     unread = next(line for line in page.splitlines() if "never read (windows" in line)
     assert "61.0 / 12.0 / 70.0 ms (900, 0)" in unread and "over the 50 ms target" in unread
     assert "goaway 11" not in report.abuse_section([grpc])  # each table its own port's rows

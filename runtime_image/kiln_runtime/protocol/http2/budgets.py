@@ -88,6 +88,7 @@ class HealthReserve(Generic[C]):
         for connection in self.connections:
             if connection.idle:
                 connection.evict()
+                self.evicted += 1
                 return True
         return False
 
