@@ -14,12 +14,12 @@ import http.client
 import json
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from kiln_runtime.protocol.http2 import wire
 
+from .abuse import Watch
 from .conftest import ModelFactory
 from .runtime_process import HOST, Runtime, start
 
@@ -76,19 +76,32 @@ def test_the_caps_follow_the_descriptor_limit(runtime: Runtime) -> None:
 
 
 def test_idle_floods_on_every_port_leave_probes_clients_and_scrapes_served(
-    runtime: Runtime, tmp_path: Path
+    runtime: Runtime,
 ) -> None:
     preface = wire.PREFACE + wire.frame(wire.SETTINGS, 0, 0)
-    floods = [
-        idle_sockets(runtime.grpc_port, 1100, preface),  # gRPC clients that never call
-        idle_sockets(runtime.metrics_port, 600),  # sockets that never ask
-        idle_sockets(runtime.http_port, 600),
-    ]
-    try:
-        probes = [runtime.status("/v2/health/ready") for _ in range(30)]  # new connection each
-        assert probes.count(200) == 30, probes
-        assert runtime.grpc_health("") == 1  # a new gRPC client: SERVING
-        assert 'kiln_connections_evicted_total{model="mlp",port="grpc"}' in runtime.metrics()
-    finally:
-        for sock in (s for flood in floods for s in flood):
-            sock.close()
+    with Watch(runtime) as watch:
+        floods = [
+            idle_sockets(runtime.grpc_port, 1100, preface),  # gRPC clients that never call
+            idle_sockets(runtime.metrics_port, 600),  # sockets that never ask
+            idle_sockets(runtime.http_port, 600),
+        ]
+        try:
+            probes = [runtime.status("/v2/health/ready") for _ in range(30)]  # new connections
+            serving = runtime.grpc_health("")  # a new gRPC client
+            scraped = runtime.metrics()
+        finally:
+            for sock in (s for flood in floods for s in flood):
+                sock.close()
+    opened = "/".join(str(len(flood)) for flood in floods)
+    watch.report(
+        f"under ulimit -n {OPEN_FILES}: idle sockets on the gRPC (preface only), metrics and "
+        f"HTTP ports, {opened} opened",
+        f"{probes.count(200)} of 30 readiness probes 200; new gRPC client "
+        + ("SERVING" if serving == 1 else f"failed ({serving})")
+        + "; /metrics answered",
+    )
+    assert probes.count(200) == 30, probes
+    assert serving == 1
+    assert 'kiln_connections_evicted_total{model="mlp",port="grpc"}' in scraped
+    assert not watch.failures, watch.failures[:3]
+    assert not watch.readiness.failures, watch.readiness.failures[:3]

@@ -50,9 +50,9 @@ def body(nested: bool) -> bytes:
 
 
 CASES = {
-    "flat": "JSON body of 1,048,576 numbers ([2048, 512], flat list, {mb} MB), {n} requests",
-    "nested": "the same as nested lists ([2048][512], {mb} MB), {n} requests",
-    "gzip": "the flat body gzipped ({mb} MB inflating to 22 MB), {n} requests",
+    "flat": "JSON body of 1,048,576 numbers ([2048, 512], flat list, {mb} MB), {n} request(s)",
+    "nested": "the same as nested lists ([2048][512], {mb} MB), {n} request(s)",
+    "gzip": "the flat body gzipped ({mb} MB inflating to 22 MB), {n} request(s)",
 }
 
 

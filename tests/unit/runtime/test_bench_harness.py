@@ -173,9 +173,13 @@ def test_the_abuse_page_has_both_ports_tables_and_judges_the_probe_target() -> N
     late = {**grpc, **ready, "attack": "settings", "ready_max_ms": 300.0}
     page = abuse_page.render([http, grpc, *runs, {**http, **ready}, late], "2026-11-26")
     assert "## Abuse (HTTP/1.1, MLP)" in page and "## Abuse (HTTP/2, the gRPC port)" in page
-    assert "| 131 MB header | 571 MiB (569 MiB) | 17.7 ms (174, 0) | not measured |  | 431 |" in page
+    assert (
+        "| 131 MB header | 571 MiB (569 MiB) | 17.7 ms (174, 0) | not measured |  | 431 |" in page
+    )
     assert "| 17.7 ms (174, 0) | 4.0 / 9.0 ms (30, 0) |  | 431 |" in page
-    assert "| PING flood | goaway 11 | 0.0 MiB | 6.0 ms (300, 0) | not measured | 1.5 | ok |" in page
+    assert (
+        "| PING flood | goaway 11 | 0.0 MiB | 6.0 ms (300, 0) | not measured | 1.5 | ok |" in page
+    )
     settings = next(line for line in page.splitlines() if "SETTINGS flood" in line)
     assert "**4.0 / 300.0 ms (30, 0)**" in settings  # over the 250 ms maximum
     assert "readiness over its target" in settings
