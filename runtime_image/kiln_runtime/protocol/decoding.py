@@ -13,7 +13,7 @@ bytes received straight into their arrays: every copy happens inside a send or r
 which releases the GIL, a socket buffer at a time, between which the loop serves others. Only
 a few hundred bytes of description (names, shapes, dtypes) are pickled.
 
-The process (``python -m kiln_runtime.protocol.decoding FD``: numpy and orjson, no torch) is
+The process (``python -m kiln_runtime.protocol.decoding_child FD``: numpy and orjson, no torch) is
 started on the first body that needs it and kept for the next; it decodes one body at a time,
 the others waiting their turn off the loop. If it dies (killed for memory), or a request is
 cancelled in mid-exchange, it is stopped; that request fails with UNAVAILABLE and the next one
@@ -23,11 +23,11 @@ starts a new process. It exits when the runtime's end of its socket closes.
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 import socket
 import subprocess
 import sys
-import traceback
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ from kiln_runtime import errors
 from kiln_runtime.protocol.types import InferRequest, RequestedOutput, Tensor
 
 LENGTH = 8  # bytes of the big-endian length before each pickled description
+CHILD = "kiln_runtime.protocol.decoding_child"  # the decoding process's module
 
 
 class DecodingProcess:
@@ -70,10 +71,13 @@ class DecodingProcess:
     def _started(self) -> socket.socket:
         if self._socket is None:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            command = [sys.executable, "-m", __name__, str(theirs.fileno())]
+            command = [sys.executable, "-m", CHILD, str(theirs.fileno())]
+            # the modules the runtime runs (a test's or a tool's path included), not others
+            path = os.pathsep.join(entry for entry in sys.path if entry)
             self._child = subprocess.Popen(
-                command, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL
-            )
+                command, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONPATH": path},
+            )  # fmt: skip
             theirs.close()
             ours.setblocking(False)
             self._socket = ours
@@ -124,60 +128,3 @@ async def _received(sock: socket.socket, into: bytearray | memoryview) -> bytear
             raise ConnectionResetError("the decoding process closed its socket")
         done += got
     return into
-
-
-# --- the decoding process -------------------------------------------------------------------
-
-
-def _read(sock: socket.socket, size: int) -> bytearray | None:
-    buffer, done = bytearray(size), 0
-    view = memoryview(buffer)
-    while done < size:
-        got = sock.recv_into(view[done:])
-        if not got:
-            return None
-        done += got
-    return buffer
-
-
-def serve_decoding(sock: socket.socket) -> None:
-    """The decoding process's loop: one body in, its tensors (or its error) out, until EOF."""
-    from kiln_runtime.protocol import rest
-
-    while True:
-        size = _read(sock, LENGTH)
-        if size is None:
-            return
-        head = _read(sock, int.from_bytes(size, "big"))
-        if head is None:
-            return
-        model_name, version, headers, max_body, length = pickle.loads(head)
-        body = _read(sock, length)
-        if body is None:
-            return
-        arrays: list[Any] = []
-        try:
-            request = rest.decode_infer(model_name, version, headers, bytes(body), max_body)
-        except errors.InferError as error:
-            answer: tuple[Any, ...] = ("error", error.kind.name, error.message)
-        except Exception:  # a bug: logged here, answered INTERNAL as on the loop
-            traceback.print_exc()
-            answer = ("error", "INTERNAL", "internal error; see server log")
-        else:
-            arrays = [np.ascontiguousarray(t.data) for t in request.inputs]
-            answer = (
-                "ok", request.model_name, request.model_version, request.id,
-                [(t.name, t.datatype, a.dtype.str, a.shape, a.nbytes)
-                 for t, a in zip(request.inputs, arrays, strict=True)],
-                [(o.name, o.binary) for o in request.outputs],
-                request.timeout_seconds, request.binary_output,
-            )  # fmt: skip
-        del body
-        encoded = pickle.dumps(answer)
-        sock.sendall(len(encoded).to_bytes(LENGTH, "big") + encoded)
-        for array in arrays:
-            sock.sendall(memoryview(array).cast("B"))
-
-
-if __name__ == "__main__":
-    serve_decoding(socket.socket(fileno=int(sys.argv[1])))

@@ -63,7 +63,7 @@ def test_a_large_json_body_leaves_probes_and_clients_served(runtime: Runtime, ca
     if case == "gzip":
         payload = gzip.compress(payload, compresslevel=1)
         headers["Content-Encoding"] = "gzip"
-    statuses = []
+    statuses: list[int] = []
     with Watch(runtime) as watch:
         deadline = time.monotonic() + SECONDS
         connection = http.client.HTTPConnection(HOST, runtime.http_port, timeout=60)
