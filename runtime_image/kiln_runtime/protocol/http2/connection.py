@@ -174,7 +174,8 @@ class Http2Connection(Receiving):
         if self._continuing is not None and header_late:
             self._fail(ProtocolViolation(ENHANCE_YOUR_CALM, "header block timed out"))
             return
-        if not self._last_stream_id and now - self._opened > limits.header_timeout_seconds:
+        never_streamed = not self._last_stream_id and self._continuing is None
+        if never_streamed and now - self._opened > limits.header_timeout_seconds:
             self.shut_down()  # a connection that never opened a stream holds a slot for nothing
             return
         for stream in list(self._streams.values()):
