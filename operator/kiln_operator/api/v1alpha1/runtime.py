@@ -72,8 +72,8 @@ class HttpLimitsSpec(ApiModel):
     and hardening")."""
 
     max_connections: Annotated[int | None, Field(ge=1, le=1_000_000)] = None
-    """Connections the port serves at once (runtime default 1024); past it and the health
-    budget a new connection gets 503 and is closed."""
+    """Connections the port serves at once (runtime default 1024, fewer when the pod's open-file
+    limit is lower); past it and the health budget a new connection gets 503 and is closed."""
     health_connections: Annotated[int | None, Field(ge=0, le=1024)] = None
     """Connections admitted past maxConnections for /v2/health/* only, so the kubelet's probes
     are always answered (default 32; 0: none)."""
@@ -93,14 +93,14 @@ class HttpLimitsSpec(ApiModel):
     connection_buffer_bytes: Annotated[int | None, Field(ge=64 << 10, le=1024 * MIB)] = None
     """Request and unread answer bytes one connection may hold (default 4 MiB)."""
     process_buffer_bytes: Annotated[int | None, Field(ge=MIB, le=64 << 30)] = None
-    """The same summed over every connection (default 1 GiB); keep it well under the pod's
-    memory limit. A body that would exceed it gets 503."""
+    """The same summed over every connection (default 1 GiB, at most an eighth of the pod's
+    memory limit); keep it well under that limit. A body that would exceed it gets 503."""
     max_decompressed_bytes: Annotated[int | None, Field(ge=0, le=4 << 30)] = None
     """Largest size a gzip/deflate request body may inflate to (default 0: the largest request
     body the model accepts); past it: 400."""
     off_loop_decode_bytes: Annotated[int | None, Field(ge=0, le=1024 * MIB)] = None
-    """Bodies at least this large are parsed in a worker thread, off the event loop
-    (default 262144)."""
+    """Bodies at least this large are parsed in the runtime's decoding process, off the event
+    loop (default 262144)."""
 
 
 class GrpcLimitsSpec(ApiModel):
@@ -109,8 +109,9 @@ class GrpcLimitsSpec(ApiModel):
     port: limits and hardening")."""
 
     max_connections: Annotated[int | None, Field(ge=1, le=1_000_000)] = None
-    """Connections the port serves at once (runtime default 1024); past it and the health
-    budget a new connection is closed at accept."""
+    """Connections the port serves at once (runtime default 1024, fewer when the pod's open-file
+    limit is lower); at it the oldest idle connection is closed to admit a new one; past it and
+    the health budget, with none idle, a new connection is closed at accept."""
     health_connections: Annotated[int | None, Field(ge=0, le=1024)] = None
     """Connections admitted past maxConnections for grpc.health.v1.Health/Check only, so the
     kubelet's gRPC probes are always answered (default 32; 0: none)."""
@@ -123,8 +124,8 @@ class GrpcLimitsSpec(ApiModel):
     """Request and unsent answer bytes one connection may hold (default 64 MiB, raised to the
     largest request plus 1 MiB)."""
     process_buffer_bytes: Annotated[int | None, Field(ge=MIB, le=64 << 30)] = None
-    """The same summed over every connection (default 512 MiB; at least connectionBufferBytes);
-    keep it well under the pod's memory limit."""
+    """The same summed over every connection (default 512 MiB, at most an eighth of the pod's
+    memory limit; at least connectionBufferBytes); keep it well under that limit."""
     idle_timeout_seconds: Seconds = None
     """Seconds a connection with no open call is kept (default 300); then GOAWAY."""
     header_timeout_seconds: Seconds = None
