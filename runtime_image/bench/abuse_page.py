@@ -7,7 +7,8 @@ Why it exists: the abuse tables are measured by integration tests, not by `make 
 those lines into the page, so the tables are the last run's, never hand-copied:
 
     KILN_ABUSE_OUT=/tmp/abuse.jsonl pytest tests/integration/runtime/test_http_limits.py \\
-        tests/integration/runtime/test_abuse.py
+        tests/integration/runtime/test_abuse.py tests/integration/runtime/test_large_bodies.py \\
+        tests/integration/runtime/test_container_limits.py
     cd runtime_image && python -m bench.abuse_page --rows /tmp/abuse.jsonl \\
         --out ../docs/benchmarks/runtime-abuse.md
 
