@@ -132,7 +132,7 @@ def test_grpcurl_lists_describes_and_calls_through_reflection(
         "inference.GRPCInferenceService",
     ]
     described = run("describe", "inference.GRPCInferenceService")
-    assert "rpc ModelInfer(" in described
+    assert "rpc ModelInfer (" in described
     # declared in Triton's service.proto but answered UNIMPLEMENTED here: not advertised
     assert "ModelStreamInfer" not in described
     assert "RepositoryIndex" not in described
