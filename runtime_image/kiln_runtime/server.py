@@ -92,6 +92,7 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
         port_status["grpc"] = grpc_server.port_status
     metrics.registry.register(ports.PortsCollector(config.model.name, port_status))
     dataplane.saturated = lambda: bool(ports.saturated(port_status))
+    metrics.ready.set_function(lambda: float(dataplane.ready))  # saturation included
     log.info(
         "kiln_runtime for model %r listening: http %s:%d grpc %s:%d metrics %s:%d",
         config.model.name, options.host, http_port, options.host, grpc_port,

@@ -103,5 +103,6 @@ def test_idle_floods_on_every_port_leave_probes_clients_and_scrapes_served(
     assert probes.count(200) == 30, probes
     assert serving == 1
     assert 'kiln_connections_evicted_total{model="mlp",port="grpc"}' in scraped
+    assert 'kiln_ready{model="mlp"} 1.0' in scraped  # no port refused: still ready
     assert not watch.failures, watch.failures[:3]
     assert not watch.readiness.failures, watch.readiness.failures[:3]
