@@ -228,7 +228,15 @@ class RuntimeConfig:
 
 
 SECTIONS = {
-    "model", "optimization", "batching", "warmup", "drain", "connections", "http", "http2", "cache"
+    "model",
+    "optimization",
+    "batching",
+    "warmup",
+    "drain",
+    "connections",
+    "http",
+    "http2",
+    "cache",
 }
 log = logging.getLogger(__name__)
 

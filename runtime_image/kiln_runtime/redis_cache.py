@@ -53,7 +53,7 @@ BACKOFF_SECONDS = 1.0
 """After a failure, how long the pod serves without asking Redis."""
 MAX_PENDING_WRITES = 64
 ENV_USERNAME = "KILN_CACHE_REDIS_USERNAME"
-ENV_PASSWORD = "KILN_CACHE_REDIS_PASSWORD"  # noqa: S105 (the variable's name, not a password)
+ENV_PASSWORD = "KILN_CACHE_REDIS_PASSWORD"
 
 
 class RedisTier:
@@ -119,9 +119,9 @@ class RedisTier:
         except Exception as error:  # noqa: BLE001: whatever Redis does, the request is served
             self._failed("get", "error", error)
             return None
-        if not value:
+        if not isinstance(value, bytes) or not value:  # bytes: decode_responses is off
             return None
-        outputs = decode_value(bytes(value), key, self._outputs)
+        outputs = decode_value(value, key, self._outputs)
         if outputs is None:
             self._failed("get", "corrupt", None)
         return outputs
@@ -143,7 +143,7 @@ class RedisTier:
                 await self._client.set(name, value, px=self._ttl_ms)
         except TimeoutError as error:
             self._failed("set", "timeout", error)
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             self._failed("set", "error", error)
 
     async def close(self) -> None:
@@ -189,9 +189,7 @@ def encode_value(key: bytes, outputs: list[Tensor]) -> bytes:
     return MAGIC + _checksum(key, payload) + payload
 
 
-def decode_value(
-    value: bytes, key: bytes, outputs: Mapping[str, str]
-) -> list[Tensor] | None:
+def decode_value(value: bytes, key: bytes, outputs: Mapping[str, str]) -> list[Tensor] | None:
     """The tensors ``encode_value`` wrote under ``key``, or None if ``value`` is anything else.
     The arrays view ``value`` (read-only): nothing is copied."""
     if len(value) < HEADER_BYTES + 2 or not value.startswith(MAGIC):

@@ -146,13 +146,12 @@ class ResponseCache:
         if parameters is None:
             return None
         digest = hashlib.blake2b(self._seed, digest_size=32)
-        for (name, datatype), array in zip(self._inputs, arrays, strict=True):
-            shape = array.shape
+        for (name, datatype), given in zip(self._inputs, arrays, strict=True):
+            shape = given.shape
             digest.update(name)
             digest.update(datatype)
             digest.update(struct.pack(f"<B{len(shape)}q", len(shape), *shape))
-            if not array.flags.c_contiguous:
-                array = np.ascontiguousarray(array)
+            array = given if given.flags.c_contiguous else np.ascontiguousarray(given)
             digest.update(struct.pack("<Q", array.nbytes))
             digest.update(memoryview(array).cast("B"))  # type: ignore[arg-type]
         outputs = sorted({o.name for o in request.outputs})
@@ -320,12 +319,13 @@ def canonical_parameters(parameters: Any) -> bytes | None:
     if not isinstance(parameters, dict) and not hasattr(parameters, "items"):
         return None
     plain: dict[str, Any] = {}
-    for name, value in parameters.items():
+    for name, given in parameters.items():
         if name in DELIVERY_PARAMETERS:
             continue
-        if hasattr(value, "WhichOneof"):
-            choice = value.WhichOneof("parameter_choice")
-            value = None if choice is None else getattr(value, choice)
+        value = given
+        if hasattr(given, "WhichOneof"):  # gRPC's InferParameter: its one value
+            choice = given.WhichOneof("parameter_choice")
+            value = None if choice is None else getattr(given, choice)
         plain[name] = value
     if not plain:
         return b""

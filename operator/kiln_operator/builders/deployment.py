@@ -158,9 +158,7 @@ def _cache_credentials(spec: InferenceServiceSpec) -> list[Manifest]:
     return [
         {
             "name": constants.ENV_CACHE_REDIS_USERNAME,
-            "valueFrom": {
-                "secretKeyRef": {"name": secret, "key": "username", "optional": True}
-            },
+            "valueFrom": {"secretKeyRef": {"name": secret, "key": "username", "optional": True}},
         },
         {
             "name": constants.ENV_CACHE_REDIS_PASSWORD,

@@ -32,7 +32,7 @@ from .runtime_process import HOST, Runtime, running, start
 pytestmark = pytest.mark.integration
 
 REFERENCE, _ = build("mlp")
-PASSWORD = "kiln-test-password"  # noqa: S105 (a throwaway server's, on loopback)
+PASSWORD = "kiln-test-password"
 
 
 def expected(x: np.ndarray) -> np.ndarray:
@@ -63,7 +63,7 @@ def http_infer(
     client = triton_http.InferenceServerClient(runtime.http_url)
     tensor = triton_http.InferInput("INPUT__0", list(x.shape), "FP32")
     tensor.set_data_from_numpy(x, binary_data=binary)
-    result = client.infer("mlp", [tensor], **options)  # type: ignore[arg-type]
+    result = client.infer("mlp", [tensor], **options)
     output: np.ndarray = result.as_numpy("OUTPUT__0")
     client.close()
     return output
@@ -164,13 +164,13 @@ def _shared_runtimes(
     }
     model = example_model("mlp", cache=cache)
     env = {"KILN_CACHE_REDIS_PASSWORD": PASSWORD}
-    runtimes = tuple(
+    first, second = (
         start(model / "model.pt", tmp_path, config=model / "config.json", name="mlp", env=env)
         for _ in range(2)
     )
-    for runtime in runtimes:
+    for runtime in (first, second):
         runtime.wait_for("/v2/health/ready", 200, seconds=60)
-    return runtimes
+    return first, second
 
 
 def test_replicas_share_answers_through_redis_and_a_poisoned_value_is_a_miss(
@@ -195,7 +195,9 @@ def test_replicas_share_answers_through_redis_and_a_poisoned_value_is_a_miss(
         while len(keys := client.keys("kiln:test/mlp:*")) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         for key in keys:  # poison every stored answer: flip its last byte
-            value = bytearray(client.get(key) or b"")
+            stored = client.get(key)
+            assert isinstance(stored, bytes)
+            value = bytearray(stored)
             value[-1] ^= 0x40
             client.set(key, bytes(value))
         np.testing.assert_allclose(http_infer(second, y), expected(y), rtol=1e-4, atol=1e-5)
@@ -280,7 +282,8 @@ def test_nothing_listens_where_redis_was_said_to_be(
         with running(model, tmp_path) as runtime:
             for seed in range(5):
                 x = batch(200 + seed)
-                np.testing.assert_allclose(http_infer(runtime, x), expected(x), rtol=1e-4, atol=1e-5)
+                answer = http_infer(runtime, x)
+                np.testing.assert_allclose(answer, expected(x), rtol=1e-4, atol=1e-5)
             text = runtime.metrics()
             assert metric(text, "kiln_cache_misses_total") == 5
             assert metric(text, "kiln_cache_redis_errors_total", operation="get") == 5

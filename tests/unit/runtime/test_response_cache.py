@@ -49,10 +49,9 @@ def request(
     parameters: Any = None,
     b: npt.NDArray[Any] | None = None,
 ) -> InferRequest:
-    inputs = [
-        Tensor("A", "FP32", np.full((rows, 4), a, np.float32)),
-        Tensor("B", "INT64", np.arange(rows * 4, dtype=np.int64).reshape(rows, 4) if b is None else b),
-    ]
+    if b is None:
+        b = np.arange(rows * 4, dtype=np.int64).reshape(rows, 4)
+    inputs = [Tensor("A", "FP32", np.full((rows, 4), a, np.float32)), Tensor("B", "INT64", b)]
     return InferRequest(
         "adder", inputs, outputs=[RequestedOutput(o) for o in outputs], parameters=parameters
     )
@@ -288,9 +287,9 @@ def test_a_shared_value_round_trips_and_anything_else_is_a_miss() -> None:
 
 
 def test_cache_config_is_checked() -> None:
-    with pytest.raises(ConfigError, match="cache.maxEntryBytes"):
+    with pytest.raises(ConfigError, match=r"cache\.maxEntryBytes"):
         cached_config(maxBytes=1 << 16, maxEntryBytes=1 << 20)
-    with pytest.raises(ConfigError, match="cache.redis.address"):
+    with pytest.raises(ConfigError, match=r"cache\.redis\.address"):
         cached_config(redis={"address": "no-port"})
     parsed = cached_config(redis={"address": "[::1]:6380", "timeoutMilliseconds": 5})
     assert parsed.cache.redis.host == "::1" and parsed.cache.redis.timeout_seconds == 0.005
