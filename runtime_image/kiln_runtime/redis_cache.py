@@ -11,9 +11,9 @@ ask Redis at all, so a dead Redis costs one timeout per second, not one per requ
 out after the answer, at most ``MAX_PENDING_WRITES`` at once.
 
 What is read is bounded and checked: at most the largest value this runtime writes
-(``GETRANGE``), then a magic, a BLAKE2b checksum keyed with the entry's own key (a value copied
-under another key, truncated or altered fails it), and a layout whose names, datatypes and
-sizes must be the model's declared outputs. Anything else is a miss, counted ``corrupt``.
+(``GETRANGE``), then a magic, a checksum (HMAC-SHA-256 keyed with the entry's own key: a value
+copied under another key, truncated or altered fails it), and a layout whose names, datatypes
+and sizes must be the model's declared outputs. Anything else is a miss, counted ``corrupt``.
 
 Keys are ``<keyPrefix><hex of the 256-bit key>``: the operator renders the prefix as
 ``kiln:<namespace>/<name>:``, and the key's hash covers it too (``response_cache``), so two
@@ -25,7 +25,6 @@ its prefix (docs/runtime.md).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import logging
 import math
@@ -172,7 +171,7 @@ def open_redis_tier(
 
 
 def _checksum(key: bytes, payload: bytes | memoryview) -> bytes:
-    return hashlib.blake2b(payload, key=key, digest_size=CHECKSUM_BYTES).digest()
+    return hmac.digest(key, payload, "sha256")
 
 
 def encode_value(key: bytes, outputs: list[Tensor]) -> bytes:

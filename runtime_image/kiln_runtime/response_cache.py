@@ -11,7 +11,7 @@ repeated request otherwise costs a batch slot and counts against the replica's c
 - with Redis (``redis_cache``, shared by the service's replicas) a local miss asks Redis within
   a bounded time before computing; whatever Redis does, the request is served.
 
-The key is a 256-bit BLAKE2b of the service's key prefix and the model (name, version, format,
+The key is a SHA-256 of the service's key prefix and the model (name, version, format,
 declared tensors, optimization), then of every input's name, datatype, shape and bytes, the
 requested outputs and the request's parameters, less the few that only change how or when the
 answer is delivered (``DELIVERY_PARAMETERS``). A request whose parameters cannot be written
@@ -121,10 +121,12 @@ class ResponseCache:
         self._bytes = 0
         self._flights: dict[bytes, list[asyncio.Future[list[Tensor] | None]]] = {}
         self._inputs = [
-            (_field(spec.name.encode()), _field(spec.datatype.encode()))
+            _field(spec.name.encode()) + _field(spec.datatype.encode())
             for spec in config.model.inputs
         ]
-        self._seed = model_fingerprint(config, cache.key_prefix)
+        # SHA-256: with the CPU's SHA extensions (OpenSSL uses them) about three times the
+        # speed of BLAKE2b on tensors; the model's part hashed once, copied per request.
+        self._seed = hashlib.sha256(model_fingerprint(config, cache.key_prefix))
         self.stats = stats
         self._lookup_seconds = lookup_seconds
         self.remote: Remote | None = None
@@ -145,20 +147,20 @@ class ResponseCache:
         parameters = canonical_parameters(request.parameters)
         if parameters is None:
             return None
-        digest = hashlib.blake2b(self._seed, digest_size=32)
-        for (name, datatype), given in zip(self._inputs, arrays, strict=True):
-            shape = given.shape
-            digest.update(name)
-            digest.update(datatype)
-            digest.update(struct.pack(f"<B{len(shape)}q", len(shape), *shape))
-            array = given if given.flags.c_contiguous else np.ascontiguousarray(given)
-            digest.update(struct.pack("<Q", array.nbytes))
-            digest.update(memoryview(array).cast("B"))  # type: ignore[arg-type]
-        outputs = sorted({o.name for o in request.outputs})
-        digest.update(struct.pack("<H", len(outputs)))
-        for output in outputs:
-            digest.update(_field(output.encode()))
-        digest.update(_field(parameters))
+        digest = self._seed.copy()
+        for named, array in zip(self._inputs, arrays, strict=True):
+            shape = array.shape
+            digest.update(named + _SHAPES[len(shape)].pack(len(shape), *shape, array.nbytes))
+            try:
+                digest.update(array)  # type: ignore[arg-type]
+            except ValueError:  # numpy: "not C-contiguous" (rare): its bytes in order
+                digest.update(np.ascontiguousarray(array))  # type: ignore[arg-type]
+        if request.outputs or parameters:
+            outputs = sorted({o.name for o in request.outputs})
+            tail = [struct.pack("<H", len(outputs)), *(_field(o.encode()) for o in outputs)]
+            digest.update(b"".join(tail) + _field(parameters))
+        else:
+            digest.update(_NO_OUTPUTS_NO_PARAMETERS)
         return digest.digest()
 
     def lookup(self, key: bytes) -> list[Tensor] | None:
@@ -281,6 +283,13 @@ def _frozen(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
     copy = np.array(array, copy=True, order="C")
     copy.flags.writeable = False
     return copy
+
+
+_SHAPES = [struct.Struct(f"<B{n}qQ") for n in range(34)]
+"""Each input's rank, dimensions and byte count, by rank (numpy allows 32 dimensions; the
+batch's one more is refused before it gets here)."""
+_NO_OUTPUTS_NO_PARAMETERS = b"\0\0\0\0\0\0"
+"""The usual tail: no outputs named (all of them), no parameters (an empty field)."""
 
 
 def _field(data: bytes) -> bytes:

@@ -294,3 +294,13 @@ def test_cache_config_is_checked() -> None:
     parsed = cached_config(redis={"address": "[::1]:6380", "timeoutMilliseconds": 5})
     assert parsed.cache.redis.host == "::1" and parsed.cache.redis.timeout_seconds == 0.005
     assert parse_config(to_document(parsed)) == parsed
+
+
+def test_a_strided_input_keys_as_its_contiguous_copy() -> None:
+    cache = ResponseCache(cached_config(), cached_config().cache, CacheStats())
+    wide = np.arange(16, dtype=np.float32).reshape(2, 8)
+    strided = wide[:, ::2]
+    b = np.zeros((2, 4), np.int64)
+    key = cache.key(request(), [strided, b])
+    assert key == cache.key(request(), [np.ascontiguousarray(strided), b])
+    assert key != cache.key(request(), [wide[:, :4].copy(), b])
