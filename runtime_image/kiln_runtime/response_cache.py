@@ -42,6 +42,9 @@ from kiln_runtime.config import CacheConfig, RuntimeConfig
 from kiln_runtime.metrics import FastHistogram, _HistogramFamily
 from kiln_runtime.protocol.types import InferRequest, Tensor
 
+BYPASS_PARAMETER = "kiln_cache_bypass"
+"""A request parameter: true, the request is computed, neither looked up nor kept (the
+operator's warm-up gate sends it: it must time the model, not the cache)."""
 DELIVERY_PARAMETERS = frozenset({"timeout", "priority", "binary_data_output"})
 """Request parameters that change when or in which encoding the answer arrives, not what it
 holds: left out of the key, so a retry with another timeout still hits."""
@@ -322,7 +325,8 @@ def model_fingerprint(config: RuntimeConfig, key_prefix: str) -> bytes:
 def canonical_parameters(parameters: Any) -> bytes | None:
     """The request's parameters as canonical bytes (keys sorted; gRPC's InferParameter read as
     its one value, so HTTP and gRPC write the same parameters alike), without the
-    ``DELIVERY_PARAMETERS``; None if they cannot be written (the request is not cached)."""
+    ``DELIVERY_PARAMETERS``; None if they cannot be written, or ask to bypass the cache (the
+    request is computed, not cached)."""
     if not parameters:
         return b""
     if not isinstance(parameters, dict) and not hasattr(parameters, "items"):
@@ -335,6 +339,8 @@ def canonical_parameters(parameters: Any) -> bytes | None:
         if hasattr(given, "WhichOneof"):  # gRPC's InferParameter: its one value
             choice = given.WhichOneof("parameter_choice")
             value = None if choice is None else getattr(given, choice)
+        if name == BYPASS_PARAMETER and value is True:
+            return None
         plain[name] = value
     if not plain:
         return b""
@@ -388,7 +394,7 @@ class CacheCollector(Collector):
         skipped = CounterMetricFamily(
             "kiln_cache_skipped",
             "Requests or answers the cache did not keep: not_cacheable (parameters that cannot "
-            "be keyed), too_large (an answer over maxEntryBytes).",
+            "be keyed, or kiln_cache_bypass: true), too_large (an answer over maxEntryBytes).",
             labels=["model", "reason"],
         )
         skipped.add_metric([m, "not_cacheable"], s.not_cacheable)

@@ -304,3 +304,20 @@ def test_a_strided_input_keys_as_its_contiguous_copy() -> None:
     key = cache.key(request(), [strided, b])
     assert key == cache.key(request(), [np.ascontiguousarray(strided), b])
     assert key != cache.key(request(), [wide[:, :4].copy(), b])
+
+
+async def test_the_bypass_parameter_computes_every_time_and_keeps_nothing() -> None:
+    """The warm-up gate's requests: each must reach the model it times."""
+    from kiln_runtime.response_cache import BYPASS_PARAMETER
+
+    dp, model = await started()
+    computed = len(model.batches)
+    for _ in range(3):
+        await dp.infer(request(parameters={BYPASS_PARAMETER: True}))
+    assert len(model.batches) == computed + 3
+    assert dp.cache is not None and dp.cache.entries == 0
+    grpc_bypass = service_pb2.ModelInferRequest(
+        parameters={BYPASS_PARAMETER: service_pb2.InferParameter(bool_param=True)}
+    ).parameters
+    assert canonical_parameters(grpc_bypass) is None
+    await dp.stop()
