@@ -8,7 +8,9 @@ Redis must never cost a request its answer. Every operation is bounded by
 ``timeoutMilliseconds`` (connecting included); a failed one is a miss (get) or a dropped write
 (set), counted in ``kiln_cache_redis_errors_total``, and for the next second the pod does not
 ask Redis at all, so a dead Redis costs one timeout per second, not one per request. Writes go
-out after the answer, at most ``MAX_PENDING_WRITES`` at once.
+out after the answer, at most ``MAX_PENDING_WRITES`` at once; at most ``maxConnections``
+operations are under way at once, and a request past that is served without asking (counted
+``skipped``), never queued for a connection.
 
 What is read is bounded and checked: at most the largest value this runtime writes
 (``GETRANGE``), then a magic, a checksum (HMAC-SHA-256 keyed with the entry's own key: a value
@@ -77,6 +79,10 @@ class RedisTier:
         self._stats = stats
         self._skip_until = 0.0
         self._writes: set[asyncio.Task[None]] = set()
+        # Operations under way, at most one per connection: past it a request does not wait
+        # for a connection (nor does redis-py's pool refuse one, which would read as a failure)
+        self._busy = 0
+        self._max_busy = redis.max_connections
         self._client = Redis(
             host=redis.host,
             port=redis.port,
@@ -88,6 +94,19 @@ class RedisTier:
             retry=Retry(NoBackoff(), 0),  # a retry is another timeout the request would wait
             health_check_interval=0,
         )
+
+    async def connect(self, timeout_seconds: float = 5.0) -> bool:
+        """Open the first connection before traffic (connecting and authenticating take longer
+        than a lookup may); False, logged, if Redis does not answer: requests then go on
+        without it, and each lookup tries again after the usual second."""
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                await self._client.ping()
+        except Exception as error:  # noqa: BLE001: an unreachable Redis is no reason to stop
+            log.warning("response cache: Redis does not answer (%r); serving without it", error)
+            return False
+        log.info("response cache: Redis connected")
+        return True
 
     def _name(self, key: bytes) -> bytes:
         return self._prefix + key.hex().encode()
@@ -101,7 +120,7 @@ class RedisTier:
             self._skip_until = now + BACKOFF_SECONDS
 
     def _skipping(self, operation: str) -> bool:
-        if time.monotonic() < self._skip_until:
+        if time.monotonic() < self._skip_until or self._busy >= self._max_busy:
             self._stats.redis_error(operation, "skipped")
             return True
         return False
@@ -109,6 +128,7 @@ class RedisTier:
     async def get(self, key: bytes) -> list[Tensor] | None:
         if self._skipping("get"):
             return None
+        self._busy += 1
         try:
             async with asyncio.timeout(self._timeout):
                 value = await self._client.getrange(self._name(key), 0, self._max_value - 1)
@@ -118,6 +138,8 @@ class RedisTier:
         except Exception as error:  # noqa: BLE001: whatever Redis does, the request is served
             self._failed("get", "error", error)
             return None
+        finally:
+            self._busy -= 1
         if not isinstance(value, bytes) or not value:  # bytes: decode_responses is off
             return None
         outputs = decode_value(value, key, self._outputs)
@@ -132,6 +154,7 @@ class RedisTier:
             self._stats.redis_error("set", "skipped")
             return
         value = encode_value(key, outputs)
+        self._busy += 1  # from now: a connection this write will take
         task = asyncio.get_running_loop().create_task(self._set(self._name(key), value))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
@@ -142,11 +165,13 @@ class RedisTier:
                 await self._client.set(name, value, px=self._ttl_ms)
         except TimeoutError as error:
             self._failed("set", "timeout", error)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001: a lost write is a later miss, nothing more
             self._failed("set", "error", error)
+        finally:
+            self._busy -= 1  # taken in put
 
     async def close(self) -> None:
-        for task in list(self._writes):
+        for task in list(self._writes):  # a write cancelled before it started gives nothing back
             task.cancel()
         await asyncio.gather(*self._writes, return_exceptions=True)
         await self._client.aclose()

@@ -416,8 +416,8 @@ class CacheCollector(Collector):
             "kiln_cache_redis_errors",
             "Shared-cache operations that failed and were served without it: operation get or "
             "set; reason timeout, error (connection refused, reset, auth), corrupt (a value "
-            "whose checksum or layout is wrong: a miss), skipped (Redis failed within the last "
-            "second, or too many writes pending).",
+            "whose checksum or layout is wrong: a miss), skipped (not tried: Redis failed within "
+            "the last second, or maxConnections operations or 64 writes are under way).",
             labels=["model", "operation", "reason"],
         )
         for (operation, reason), count in sorted(s.redis_errors.items()):
