@@ -20,6 +20,7 @@ import asyncio
 import http.client
 import json
 import math
+import os
 import platform
 import re
 import statistics
@@ -257,6 +258,7 @@ def measure(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
         "cache": {r: [] for r in RATIOS},
         "none": {r: [] for r in RATIOS},
     }
+    load_before = os.getloadavg()[1]
     with tempfile.TemporaryDirectory() as scratch_name, ExitStack() as stack:
         scratch = Path(scratch_name)
         model_dir = scratch / "mlp"
@@ -298,6 +300,7 @@ def measure(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "results": results,
         "in_process": in_process,
+        "load": [load_before, os.getloadavg()[1]],
     }
 
 
@@ -368,8 +371,13 @@ def render(measured: dict[str, Any]) -> str:
         "Over loopback (the table): a hit's mean server time "
         f"{_median(results['cache'][100], 'server_us'):.1f} µs at 100 % hits; at 0 % hits "
         f"the cached server's mean time {statistics.median(ratios) - 1:+.1%} and CPU per request "
-        f"{statistics.median(cpu_ratios) - 1:+.1%} against the plain one (run pairs). On a "
-        "shared host these move with its load: the in-process numbers are the targets' "
+        f"{statistics.median(cpu_ratios) - 1:+.1%} against the plain one (run pairs). The "
+        "host's 5-minute load average was "
+        f"{measured['load'][0]:.1f} before and {measured['load'][1]:.1f} after the run, on "
+        "2 cores: other processes took turns on the servers' core, so the loopback times "
+        "(and the metrics' lookup times, wall clock) carry their waits, and a pair's ratio at "
+        "0 % hits moves by tens of percent either way from run to run. The in-process numbers, "
+        "the fastest block or the median of requests taken by turns, are the targets' "
         "measure.",
         "",
         "## How to read it",

@@ -102,7 +102,7 @@ class RedisTier:
         try:
             async with asyncio.timeout(timeout_seconds):
                 await self._client.ping()
-        except Exception as error:  # noqa: BLE001: an unreachable Redis is no reason to stop
+        except Exception as error:  # an unreachable Redis is no reason to stop
             log.warning("response cache: Redis does not answer (%r); serving without it", error)
             return False
         log.info("response cache: Redis connected")
@@ -135,7 +135,7 @@ class RedisTier:
         except TimeoutError as error:  # asyncio's, and redis-py's own (a subclass)
             self._failed("get", "timeout", error)
             return None
-        except Exception as error:  # noqa: BLE001: whatever Redis does, the request is served
+        except Exception as error:  # whatever Redis does, the request is served
             self._failed("get", "error", error)
             return None
         finally:
@@ -165,7 +165,7 @@ class RedisTier:
                 await self._client.set(name, value, px=self._ttl_ms)
         except TimeoutError as error:
             self._failed("set", "timeout", error)
-        except Exception as error:  # noqa: BLE001: a lost write is a later miss, nothing more
+        except Exception as error:  # a lost write is a later miss, nothing more
             self._failed("set", "error", error)
         finally:
             self._busy -= 1  # taken in put

@@ -281,3 +281,6 @@ def test_the_cache_credentials_come_from_the_secret_by_reference() -> None:
         },
     ]
     assert "password" not in env[0]["value"]
+    from kiln_runtime.redis_cache import ENV_PASSWORD, ENV_USERNAME  # the contract's other half
+
+    assert (env[1]["name"], env[2]["name"]) == (ENV_USERNAME, ENV_PASSWORD)
