@@ -429,6 +429,8 @@ def test_the_cache_page_reads_the_targets_off_its_measurements() -> None:
                 "miss_mean_us": {"none": 160.0, "cache": 163.0},
                 "miss_lookup_us": 2.5,
                 "misses": 5000,
+                "calls": 100,
+                "blocks": 50,
             },
         }
     )
