@@ -187,7 +187,11 @@ bench-client-ceiling: venv native $(BENCH_VENV)/.installed ## The Python clients
 bench-runtime-profile: venv ## py-spy flame graphs of the runtime under tritonclient.grpc and HTTP JSON -> docs/benchmarks/profile-*.svg
 	cd runtime_image && ../$(PY) -m bench.profile --out ../docs/benchmarks
 
-.PHONY: base-image image-runtime bench-runtime bench-client-ceiling bench-runtime-profile
+bench-cache: venv native ## The response cache: the same runtime with and without it at hit ratios 0-100 %, side by side (~3 min) -> docs/benchmarks/cache.md
+	bash runtime_image/bench/system-deps.sh
+	cd runtime_image && ../$(PY) -m bench.cache --out ../docs/benchmarks/cache.md
+
+.PHONY: base-image image-runtime bench-runtime bench-client-ceiling bench-runtime-profile bench-cache
 
 # ---- autoscaling ----
 bench-autoscaling: venv ## Kiln's autoscaler vs HPA, KEDA, Knative, oracles on simulated days -> docs/benchmarks/autoscaling.md

@@ -11,6 +11,7 @@ packages=(
   iptables conntrack    # kube-proxy on the real node
   gcc libc6-dev         # the real node's static sandbox ("pause") binary; `make native` (mypyc)
   python3-dev           # `make native`: Python's headers, where the interpreter has none of its own
+  redis-server          # the runtime's shared response cache, a real one in its tests
 )
 
 missing=()

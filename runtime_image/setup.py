@@ -38,6 +38,7 @@ COMPILED = [
     "kiln_runtime/protocol/httpserver.py",
     "kiln_runtime/protocol/rest.py",
     "kiln_runtime/protocol/types.py",
+    "kiln_runtime/response_cache.py",
     "kiln_runtime/protocol/http2/answering.py",
     "kiln_runtime/protocol/http2/budgets.py",
     "kiln_runtime/protocol/http2/connection.py",

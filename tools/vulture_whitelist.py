@@ -53,6 +53,8 @@ _._unique_names
 _._fetch_settings_need_a_fetched_uri
 _._queue_holds_a_batch
 _._process_holds_a_connection
+_._only_a_deterministic_model_is_cached
+_._entry_fits
 _._ascending
 _._requests_cover_concurrency
 
@@ -117,3 +119,6 @@ _.run_load
 # What the test session's cluster asks before starting it: whether it reuses a running one, so
 # that it stops only a cluster it started (tests/sessioncluster.py).
 _.reusable
+
+# numpy's flag, set to make the response cache's stored answers read-only (response_cache.py).
+_.writeable

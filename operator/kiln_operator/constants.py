@@ -86,6 +86,10 @@ FETCH_CONTAINER: Final = "fetch-model"
 """The init container that downloads an s3:// or https:// model (`kiln_runtime fetch`)."""
 ENV_RUNTIME_CONFIG: Final = "KILN_RUNTIME_CONFIG"
 """Environment variable carrying the runtime config JSON (the operator/runtime contract)."""
+ENV_CACHE_REDIS_USERNAME: Final = "KILN_CACHE_REDIS_USERNAME"
+ENV_CACHE_REDIS_PASSWORD: Final = "KILN_CACHE_REDIS_PASSWORD"
+"""The response cache's Redis credentials, from spec.runtime.cache.redis.secretName's keys
+username and password (the runtime's redis_cache reads them)."""
 HTTP_PORT: Final = 8000
 GRPC_PORT: Final = 8001
 METRICS_PORT: Final = 8002

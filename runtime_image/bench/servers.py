@@ -105,10 +105,13 @@ def kiln(
     optimization: dict[str, Any] | None = None,
     *,
     code: Path | None = None,
+    sections: dict[str, Any] | None = None,
 ) -> Iterator[Server]:
-    """``code``: a directory holding another ``kiln_runtime`` to serve (an A/B's other side)."""
+    """``code``: a directory holding another ``kiln_runtime`` to serve (an A/B's other side);
+    ``sections``: more config sections (``cache``), as given."""
     config = json.loads((model_dir / "config.json").read_text())
     config["optimization"] = {**config.get("optimization", {}), **(optimization or {})}
+    config.update(sections or {})
     config_file = log.with_suffix(".config.json")
     config_file.write_text(json.dumps(config))
     ports = free_port(), free_port(), free_port()

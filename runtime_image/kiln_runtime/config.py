@@ -167,6 +167,32 @@ class Http2Limits:
 
 
 @dataclass(frozen=True)
+class RedisConfig:
+    """The Redis that every replica of one service shares its answers through. Credentials come
+    from the environment (``KILN_CACHE_REDIS_USERNAME``, ``KILN_CACHE_REDIS_PASSWORD``: a
+    Secret's keys), never from this document."""
+
+    host: str
+    port: int = 6379
+    timeout_seconds: float = 0.01  # a lookup or a write slower than this counts as failed
+    max_connections: int = 16
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The response cache (``response_cache``): answers held in the pod, optionally in Redis.
+
+    ``key_prefix`` names the service (the operator renders ``kiln:<namespace>/<name>:``); it
+    starts every Redis key and every key's hash, so two services never share an entry."""
+
+    max_bytes: int = 64 << 20
+    ttl_seconds: float = 300.0
+    max_entry_bytes: int = 1 << 20
+    key_prefix: str = ""
+    redis: RedisConfig | None = None
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     model: ModelSpec
     optimization: OptimizationConfig = field(default_factory=OptimizationConfig)
@@ -179,6 +205,7 @@ class RuntimeConfig:
     # the limits the document set ("http.processBufferBytes", ...): start-up derives the others
     # from the container's own limits (container.py) and leaves these as they are
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
+    cache: CacheConfig | None = None  # None: no response cache (the default)
 
     def max_request_bytes(self) -> int:
         """The largest request body accepted: the biggest batch as JSON text, with headroom.
@@ -203,7 +230,17 @@ class RuntimeConfig:
         return tuple(sizes) if sizes else (1,)
 
 
-SECTIONS = {"model", "optimization", "batching", "warmup", "drain", "connections", "http", "http2"}
+SECTIONS = {
+    "model",
+    "optimization",
+    "batching",
+    "warmup",
+    "drain",
+    "connections",
+    "http",
+    "http2",
+    "cache",
+}
 log = logging.getLogger(__name__)
 
 
@@ -346,7 +383,41 @@ def parse_config(document: Any, model_name: str | None = None) -> RuntimeConfig:
             f"{section}.{key}" for section in ("http", "http2")
             if isinstance(root.get(section), Mapping) for key in root[section]
         ),
+        cache=_cache(root["cache"]) if "cache" in root else None,
     )  # fmt: skip
+
+
+def _cache(value: Any) -> CacheConfig:
+    keys = {"maxBytes", "ttlSeconds", "maxEntryBytes", "keyPrefix", "redis"}
+    section = _object(value, "cache", keys)
+    prefix = section.get("keyPrefix", "")
+    if not isinstance(prefix, str) or len(prefix) > 512:
+        raise ConfigError("cache.keyPrefix: expected a string of at most 512 characters")
+    config = CacheConfig(
+        max_bytes=_int(section.get("maxBytes", 64 << 20), "cache.maxBytes", 1 << 16),
+        ttl_seconds=_seconds(section.get("ttlSeconds", 300), "cache.ttlSeconds", 0.001),
+        max_entry_bytes=_int(section.get("maxEntryBytes", 1 << 20), "cache.maxEntryBytes", 1),
+        key_prefix=prefix,
+        redis=_redis(section["redis"]) if "redis" in section else None,
+    )
+    if config.max_entry_bytes > config.max_bytes:
+        raise ConfigError("cache.maxEntryBytes: must be at most cache.maxBytes")
+    return config
+
+
+def _redis(value: Any) -> RedisConfig:
+    section = _object(value, "cache.redis", {"address", "timeoutMilliseconds", "maxConnections"})
+    address = section.get("address")
+    host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"cache.redis.address: expected host:port, got {address!r}")
+    millis = _seconds(section.get("timeoutMilliseconds", 10), "cache.redis.timeoutMilliseconds", 1)
+    return RedisConfig(
+        host=host.strip("[]"),
+        port=int(port),
+        timeout_seconds=millis / 1000,
+        max_connections=_int(section.get("maxConnections", 16), "cache.redis.maxConnections", 1),
+    )
 
 
 # The http2 section: each key, its Http2Limits field, and whether it counts (int) or measures.
@@ -438,4 +509,17 @@ def to_document(config: RuntimeConfig) -> dict[str, Any]:
         document["http2"] = {
             key: getattr(config.http2, name) for key, (name, _) in HTTP2_KEYS.items()
         }
+    if (cache := config.cache) is not None:
+        document["cache"] = {
+            "maxBytes": cache.max_bytes,
+            "ttlSeconds": cache.ttl_seconds,
+            "maxEntryBytes": cache.max_entry_bytes,
+            "keyPrefix": cache.key_prefix,
+        }
+        if (redis := cache.redis) is not None:
+            document["cache"]["redis"] = {
+                "address": f"{redis.host}:{redis.port}",
+                "timeoutMilliseconds": redis.timeout_seconds * 1000,
+                "maxConnections": redis.max_connections,
+            }
     return document

@@ -24,6 +24,13 @@ from kiln_runtime.datatypes import numpy_carrier
 from kiln_runtime.metrics import RuntimeMetrics
 from kiln_runtime.protocol.decoding import DecodingProcess
 from kiln_runtime.protocol.types import InferRequest, InferResponse, Tensor
+from kiln_runtime.response_cache import (
+    CacheCollector,
+    CacheStats,
+    Remote,
+    ResponseCache,
+    lookup_histogram,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +96,16 @@ class DataPlane:
         self._idle.set()
         metrics.inflight.set_function(lambda: self._inflight)  # read at scrape, not per request
         self.warmup_seconds: float | None = None
+        self.cache: ResponseCache | None = None  # spec.runtime.cache: answers kept (issue 46)
+        if config.cache is not None:
+            lookups = lookup_histogram(self._spec.name, metrics.registry)
+            self.cache = ResponseCache(config, config.cache, CacheStats(), lookups)
+            CacheCollector(self._spec.name, self.cache, metrics.registry)
+
+    def attach_remote(self, remote: Remote) -> None:
+        """Share the cache's answers with the service's other replicas (``redis_cache``)."""
+        assert self.cache is not None, "a shared tier needs spec.runtime.cache"
+        self.cache.remote = remote
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -180,6 +197,8 @@ class DataPlane:
     async def stop(self) -> None:
         await self._batcher.stop()
         self.decoding.close()
+        if self.cache is not None:
+            await self.cache.close()
 
     # ---------------------------------------------------------------- accounting
 
@@ -337,6 +356,8 @@ class DataPlane:
         def stage(name: str) -> dict[str, int]:
             return duration(m.stage[name].count, m.stage[name].sum)
 
+        cache = self.cache.stats if self.cache is not None else CacheStats()
+
         return {
             "name": self._spec.name,
             "version": self._spec.version,
@@ -350,8 +371,8 @@ class DataPlane:
                 "compute_input": stage("preprocess"),
                 "compute_infer": stage("forward"),
                 "compute_output": stage("postprocess"),
-                "cache_hit": duration(0, 0.0),
-                "cache_miss": duration(0, 0.0),
+                "cache_hit": duration(cache.hits, cache.hit_seconds),
+                "cache_miss": duration(cache.misses, cache.miss_seconds),
             },
             "batch_stats": [],
         }
@@ -369,13 +390,12 @@ class DataPlane:
         deadline = None
         if request.timeout_seconds is not None:
             deadline = time.monotonic() + request.timeout_seconds
-        key = tuple(array.shape[1:] for array in arrays)
-        results = await self._batcher.submit(arrays, rows=rows, key=key, deadline=deadline)
-        outputs = [
-            Tensor(spec.name, spec.datatype, array)
-            for spec, array in zip(self._spec.outputs, results, strict=True)
-            if spec.name in wanted
-        ]
+        if self.cache is None:
+            outputs = await self._compute(arrays, rows, wanted, deadline)
+        else:  # a hit never reaches the batcher
+            outputs = await self.cache.answer(
+                request, arrays, lambda: self._compute(arrays, rows, wanted, deadline), deadline
+            )
         binary = {o.name: o.binary for o in request.outputs}
         return InferResponse(
             model_name=self._spec.name,
@@ -384,6 +404,18 @@ class DataPlane:
             outputs=outputs,
             binary={t.name: binary.get(t.name, request.binary_output) for t in outputs},
         )
+
+    async def _compute(
+        self, arrays: Arrays, rows: int, wanted: frozenset[str], deadline: float | None
+    ) -> list[Tensor]:
+        """The requested outputs, computed in a batch."""
+        key = tuple(array.shape[1:] for array in arrays)
+        results = await self._batcher.submit(arrays, rows=rows, key=key, deadline=deadline)
+        return [
+            Tensor(spec.name, spec.datatype, array)
+            for spec, array in zip(self._spec.outputs, results, strict=True)
+            if spec.name in wanted
+        ]
 
     def _validate_inputs(self, tensors: list[Tensor]) -> tuple[Arrays, int]:
         if [t.name for t in tensors] == self._input_names:

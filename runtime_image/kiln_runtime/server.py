@@ -70,6 +70,13 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-model")
     dataplane = serving_dataplane(config, metrics, executor)
     dataplane.limits_report = fitted.report
+    connecting: asyncio.Task[bool] | None = None
+    if config.cache is not None and config.cache.redis is not None and dataplane.cache is not None:
+        from kiln_runtime.redis_cache import open_redis_tier  # only where Redis is configured
+
+        tier = open_redis_tier(config.cache, config.model.outputs, dataplane.cache.stats)
+        dataplane.attach_remote(tier)
+        connecting = asyncio.get_running_loop().create_task(tier.connect())  # beside the load
     http = HttpServer(RestAdapter(dataplane))
     grpc_service = InferenceServicer(dataplane).service()
     age, grace = config.connections.max_age_seconds, config.connections.max_age_grace_seconds
@@ -125,6 +132,8 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
     finally:
         starting.cancel()
         stopping.cancel()
+        if connecting is not None:
+            connecting.cancel()
         await grpc_server.stop(grace=1.0)
         await http.stop()
         await dataplane.stop()

@@ -147,6 +147,26 @@ def _fetch_container(spec: InferenceServiceSpec) -> Manifest:
     }
 
 
+def _cache_credentials(spec: InferenceServiceSpec) -> list[Manifest]:
+    """The response cache's Redis credentials, from the user's Secret by reference: their
+    values never enter the pod template (the kubelet resolves them; a missing Secret keeps the
+    container from starting, which Ready reports)."""
+    cache = spec.runtime.cache
+    if cache is None or cache.redis is None or cache.redis.secret_name is None:
+        return []
+    secret = cache.redis.secret_name
+    return [
+        {
+            "name": constants.ENV_CACHE_REDIS_USERNAME,
+            "valueFrom": {"secretKeyRef": {"name": secret, "key": "username", "optional": True}},
+        },
+        {
+            "name": constants.ENV_CACHE_REDIS_PASSWORD,
+            "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}},
+        },
+    ]
+
+
 def _container(spec: InferenceServiceSpec, owner: Owner, imitated_gpus: bool) -> Manifest:
     model_path = spec.model.path_in_container(constants.MODEL_MOUNT_ROOT)
     mounts: list[Manifest] = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]
@@ -181,8 +201,11 @@ def _container(spec: InferenceServiceSpec, owner: Owner, imitated_gpus: bool) ->
         "env": [
             {
                 "name": constants.ENV_RUNTIME_CONFIG,
-                "value": render_runtime_config(spec, owner.name, imitated_gpus=imitated_gpus),
-            }
+                "value": render_runtime_config(
+                    spec, owner.name, imitated_gpus=imitated_gpus, namespace=owner.namespace
+                ),
+            },
+            *_cache_credentials(spec),
         ],
         "ports": [
             {

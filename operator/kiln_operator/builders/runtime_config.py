@@ -24,9 +24,14 @@ def runtime_device(spec: InferenceServiceSpec, *, imitated_gpus: bool = False) -
 
 
 def build_runtime_config(
-    spec: InferenceServiceSpec, service_name: str, *, imitated_gpus: bool = False
+    spec: InferenceServiceSpec,
+    service_name: str,
+    *,
+    imitated_gpus: bool = False,
+    namespace: str = "",
 ) -> dict[str, Any]:
-    """The runtime config as a dict (camelCase keys, as the contract specifies)."""
+    """The runtime config as a dict (camelCase keys, as the contract specifies). ``namespace``
+    (with ``service_name``) names the response cache's keys."""
     batching = spec.runtime.batching
     optimization = spec.runtime.optimization
     warmup_batches = spec.warmup.batch_sizes or sorted({1, batching.max_batch_size})
@@ -62,13 +67,33 @@ def build_runtime_config(
     for section, part in (("http", limits.http), ("http2", limits.grpc)):
         if set_limits := part.model_dump(by_alias=True, exclude_none=True):
             config[section] = set_limits
+    if (cache := spec.runtime.cache) is not None:
+        config["cache"] = {
+            "maxBytes": cache.max_bytes,
+            "ttlSeconds": cache.ttl_seconds,
+            "maxEntryBytes": cache.max_entry_bytes,
+            # The service's own keys: its pods share entries, no other service's ever answers.
+            "keyPrefix": f"kiln:{namespace}/{service_name}:",
+        }
+        if (redis := cache.redis) is not None:
+            config["cache"]["redis"] = {
+                "address": redis.address,
+                "timeoutMilliseconds": redis.timeout_milliseconds,
+                "maxConnections": redis.max_connections,
+            }
     return config
 
 
 def render_runtime_config(
-    spec: InferenceServiceSpec, service_name: str, *, imitated_gpus: bool = False
+    spec: InferenceServiceSpec,
+    service_name: str,
+    *,
+    imitated_gpus: bool = False,
+    namespace: str = "",
 ) -> str:
     """The runtime config as compact, key-sorted JSON: byte-identical for an unchanged spec, so
     an unchanged spec never triggers a rollout."""
-    config = build_runtime_config(spec, service_name, imitated_gpus=imitated_gpus)
+    config = build_runtime_config(
+        spec, service_name, imitated_gpus=imitated_gpus, namespace=namespace
+    )
     return json.dumps(config, sort_keys=True, separators=(",", ":"))

@@ -85,6 +85,12 @@ async def _wait_ready(client: _Client, deadline: float) -> bool:
     return False
 
 
+BYPASS_CACHE = {"kiln_cache_bypass": True}
+"""Every warm-up request is the same one: without this parameter a response cache
+(spec.runtime.cache) would answer all but the first, and the gate would judge the cache, not
+the warmed model. The runtime neither looks such a request up nor keeps its answer."""
+
+
 async def _drive(
     plan: WarmupPlan, send: Callable[[], Awaitable[None]], deadline: float, in_flight: int
 ) -> WarmupResult:
@@ -183,7 +189,9 @@ async def run_attempt(
             with _shared_request(plan, protocol) as (inputs, outputs):
 
                 async def send() -> None:
-                    await client.infer(plan.model_name, inputs, outputs=outputs)
+                    await client.infer(
+                        plan.model_name, inputs, outputs=outputs, parameters=BYPASS_CACHE
+                    )
 
                 return await _drive(plan, send, deadline, in_flight)
     finally:

@@ -81,6 +81,7 @@ def decode_infer(message: Any, max_bytes: int) -> InferRequest:
         inputs=inputs,
         outputs=[RequestedOutput(o.name) for o in message.outputs[:]],
         timeout_seconds=timeout,
+        parameters=parameters,
     )
 
 

@@ -274,6 +274,7 @@ def _request_from_document(
         outputs=outputs,
         timeout_seconds=None if timeout is None else timeout / 1e6,
         binary_output=binary_default,
+        parameters=parameters,
     )
 
 

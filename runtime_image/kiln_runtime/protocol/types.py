@@ -50,6 +50,7 @@ class InferRequest:
         outputs: list[RequestedOutput] | None = None,
         timeout_seconds: float | None = None,
         binary_output: bool = False,
+        parameters: Any = None,
     ) -> None:
         self.model_name = model_name
         self.inputs = inputs
@@ -58,6 +59,9 @@ class InferRequest:
         self.outputs: list[RequestedOutput] = [] if outputs is None else outputs
         self.timeout_seconds = timeout_seconds
         self.binary_output = binary_output  # HTTP: the default for outputs that do not say
+        # The request's parameters as decoded (HTTP: the JSON object; gRPC: the message's map of
+        # InferParameter), unread but by the response cache, whose key covers them.
+        self.parameters = parameters
 
 
 class InferResponse:

@@ -75,3 +75,20 @@ def test_noise_never_gives_a_negative_slope_or_intercept() -> None:
     assert estimate is not None
     mean_rows, mean_seconds = 2.0, (0.1 + 0.6) / 2
     assert estimate.requests_per_second == pytest.approx(mean_rows / mean_seconds, rel=0.01)
+
+
+def test_with_a_response_cache_the_capacity_counts_the_hits_a_replica_also_serves() -> None:
+    """Cache hits are in kiln_requests_total (the demand and ok rates) but never in a batch:
+    rows per request falls with the hit ratio, so the capacity in requests per second rises
+    by 1 / (1 - hit ratio), and demand / capacity (the replicas) is what the computed
+    requests alone need. Same model, same batches: 90 % hits serve 10x the requests."""
+    computed = 100.0  # requests per second that reach the model, one row each, batches of 4
+    plain = BatchWindow(computed, computed / 4, computed / 4 * 0.004, ok_per_second=computed)
+    cached = BatchWindow(computed, computed / 4, computed / 4 * 0.004, ok_per_second=computed * 10)
+    without = CapacityFit().add(plain).estimate(4)
+    with_hits = CapacityFit().add(cached).estimate(4)
+    assert without is not None and with_hits is not None
+    assert with_hits.requests_per_second == pytest.approx(10 * without.requests_per_second)
+    assert computed / without.requests_per_second == pytest.approx(
+        10 * computed / with_hits.requests_per_second
+    )

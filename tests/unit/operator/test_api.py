@@ -326,3 +326,61 @@ def test_every_limit_the_api_accepts_the_runtime_accepts(bound: str) -> None:
     config = build_runtime_config(spec_with_limits(parts), "mlp")
     assert set(config["http"]) == set(parts["http"])
     parse_config(config)  # raises ConfigError on a refused value or an unknown key
+
+
+def spec_with_cache(cache: dict[str, Any] | None, *, deterministic: bool = True) -> Any:
+    document = load_sample("minimal")["spec"]
+    document["model"] = {**document["model"], "deterministic": deterministic}
+    if cache is not None:
+        document["runtime"] = {**document["runtime"], "cache": cache}
+    return parse_spec("mlp", document)
+
+
+def test_no_cache_renders_no_section_and_a_model_is_not_deterministic_unless_said() -> None:
+    spec = parse_spec("mlp", load_sample("minimal")["spec"])
+    assert isinstance(spec, InferenceServiceSpec) and not spec.model.deterministic
+    assert "cache" not in build_runtime_config(spec, "mlp")
+
+
+def test_a_cache_needs_a_model_declared_deterministic() -> None:
+    refused = spec_with_cache({}, deterministic=False)
+    assert isinstance(refused, SpecError)
+    assert "model.deterministic" in str(refused)
+
+
+def test_the_cache_reaches_the_runtime_keyed_by_the_service() -> None:
+    cache = {
+        "maxBytes": 1 << 20, "ttlSeconds": 30, "maxEntryBytes": 4096,
+        "redis": {"address": "redis.cache.svc:6379", "secretName": "redis-mlp",
+                  "timeoutMilliseconds": 5},
+    }  # fmt: skip
+    spec = spec_with_cache(cache)
+    assert isinstance(spec, InferenceServiceSpec), spec
+    config = build_runtime_config(spec, "mlp", namespace="team-a")
+    parsed = parse_config(config)
+    assert parsed.cache is not None and parsed.cache.redis is not None
+    assert parsed.cache.key_prefix == "kiln:team-a/mlp:"
+    assert (parsed.cache.max_bytes, parsed.cache.ttl_seconds) == (1 << 20, 30.0)
+    assert parsed.cache.max_entry_bytes == 4096
+    assert (parsed.cache.redis.host, parsed.cache.redis.port) == ("redis.cache.svc", 6379)
+    assert parsed.cache.redis.timeout_seconds == 0.005
+
+
+@pytest.mark.parametrize("bound", ["ge", "le"])
+def test_every_cache_setting_the_api_accepts_the_runtime_accepts(bound: str) -> None:
+    from kiln_operator.api.v1alpha1.runtime import RedisCacheSpec, ResponseCacheSpec
+
+    def values(model: Any) -> dict[str, Any]:
+        found = {}
+        for name, info in model.model_fields.items():
+            bounds = [getattr(m, bound) for m in info.metadata if hasattr(m, bound)]
+            if bounds and info.annotation is int:
+                found[info.alias or name] = bounds[0]
+        return found
+
+    cache = values(ResponseCacheSpec)
+    cache["maxEntryBytes"] = min(cache["maxEntryBytes"], cache["maxBytes"])
+    cache["redis"] = {"address": "[::1]:6379", **values(RedisCacheSpec)}
+    spec = spec_with_cache(cache)
+    assert isinstance(spec, InferenceServiceSpec), spec
+    parse_config(build_runtime_config(spec, "mlp", namespace="ns"))

@@ -253,3 +253,34 @@ def test_pods_run_as_the_runtime_images_own_user() -> None:
     assert created is not None and user is not None
     assert int(created.group(1)) == RUNTIME_USER_ID
     assert (int(user.group(1)), int(user.group(2))) == (RUNTIME_USER_ID, RUNTIME_USER_ID)
+
+
+def test_the_cache_credentials_come_from_the_secret_by_reference() -> None:
+    from kiln_operator.api.validation import parse_spec
+    from tests.unit.operator.conftest import load_sample
+
+    document = load_sample("minimal")["spec"]
+    document["model"] = {**document["model"], "deterministic": True}
+    redis = {"address": "redis:6379", "secretName": "redis-credentials"}
+    document["runtime"] = {**document["runtime"], "cache": {"redis": redis}}
+    spec = parse_spec(OWNER.name, document)
+    env = runtime_container(build_deployment(spec, OWNER))["env"]  # type: ignore[arg-type]
+    config = json.loads(env[0]["value"])
+    assert config["cache"]["keyPrefix"] == "kiln:vision/resnet50:"
+    assert config["cache"]["redis"]["address"] == "redis:6379"
+    assert env[1:] == [
+        {
+            "name": constants.ENV_CACHE_REDIS_USERNAME,
+            "valueFrom": {
+                "secretKeyRef": {"name": "redis-credentials", "key": "username", "optional": True}
+            },
+        },
+        {
+            "name": constants.ENV_CACHE_REDIS_PASSWORD,
+            "valueFrom": {"secretKeyRef": {"name": "redis-credentials", "key": "password"}},
+        },
+    ]
+    assert "password" not in env[0]["value"]
+    from kiln_runtime.redis_cache import ENV_PASSWORD, ENV_USERNAME  # the contract's other half
+
+    assert (env[1]["name"], env[2]["name"]) == (ENV_USERNAME, ENV_PASSWORD)

@@ -407,3 +407,44 @@ def test_a_server_that_beats_the_constant_one_raises_what_the_client_can_do() ->
     assert client_ceiling.client_most(results, "tritonclient-grpc-aio", 16) == (5400, "kiln (int8)")
     page = client_ceiling.render(results)
     assert "| 5200 calls/s (4 x 1300) | 5400 calls/s (kiln (int8)) | yes, at 96% of it |" in page
+
+
+def test_the_cache_page_reads_the_targets_off_its_measurements() -> None:
+    """bench.cache's page: every ratio's pair of rows, the in-process verdicts from the data."""
+    from bench import cache
+
+    def one(server_us: float, hits: float | None) -> dict[str, Any]:
+        return {
+            "requests": 1000, "errors": 0, "throughput": 1000.0, "p50_ms": 1.0, "p99_ms": 2.0,
+            "server_us": server_us, "server_cpu_us": server_us,
+            "lookup_us": None if hits is None else 3.0, "hit_ratio": hits, "batches": 10.0,
+        }  # fmt: skip
+
+    results = {
+        "none": {r: [one(200.0, None)] for r in cache.RATIOS},
+        "cache": {r: [one(200.0 * (1 - r / 100) + 30, r / 100)] for r in cache.RATIOS},
+    }
+    page = cache.render(
+        {
+            "rounds": 1,
+            "seconds": 4.0,
+            "concurrency": 8,
+            "host": "x86_64",
+            "date": "today",
+            "results": results,
+            "load": [1.0, 2.0],
+            "in_process": {
+                "hit_us": 31.5,
+                "miss_us": {"none": 150.0, "cache": 152.0},
+                "miss_mean_us": {"none": 160.0, "cache": 163.0},
+                "miss_lookup_us": 2.5,
+                "misses": 5000,
+                "calls": 100,
+                "blocks": 50,
+            },
+        }
+    )
+    assert page.count("| no cache |") == len(cache.RATIOS) == page.count("| cache |")
+    assert "**A hit's server time**: 31.5 µs" in page
+    assert "+1.3%" in page  # 152 against 150
+    assert "2.5 µs, 1.7% of a request" in page

@@ -121,3 +121,27 @@ async def test_a_killed_decoding_process_fails_one_request_and_is_replaced(
     assert b"retry" in response.body[0]
     assert (await adapter.handle("POST", "/v2/models/adder/infer", {}, body(100_000))).status == 200
     assert isinstance(process, decoding.DecodingProcess)
+
+
+async def test_the_decoding_process_returns_the_request_as_the_loop_would_decode_it() -> None:
+    """Everything the loop's decoder reads comes back from the process, the request's
+    parameters included: the response cache keys on them and the warm-up gate's marks ride
+    in them, so a large body must not lose them."""
+    from kiln_runtime.protocol import rest
+
+    document = orjson.loads(body(1_000))
+    document["id"] = "r1"
+    document["parameters"] = {"kiln_cache_bypass": True, "timeout": 5_000_000, "tag": "x"}
+    payload = orjson.dumps(document)
+    process = decoding.DecodingProcess()
+    try:
+        got = await process.decode("adder", "1", {}, payload, 1 << 30)
+    finally:
+        process.close()
+    want = rest.decode_infer("adder", "1", {}, payload, 1 << 30)
+    assert got.parameters == want.parameters == document["parameters"]
+    assert (got.id, got.timeout_seconds, got.binary_output) == ("r1", 5.0, False)
+    assert [(o.name, o.binary) for o in got.outputs] == [("COUNT", False)]
+    for ours, theirs in zip(got.inputs, want.inputs, strict=True):
+        assert (ours.name, ours.datatype) == (theirs.name, theirs.datatype)
+        np.testing.assert_array_equal(ours.data, theirs.data)

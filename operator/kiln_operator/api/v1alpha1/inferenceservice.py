@@ -64,6 +64,16 @@ class InferenceServiceSpec(ApiModel):
         return self
 
     @model_validator(mode="after")
+    def _only_a_deterministic_model_is_cached(self) -> "InferenceServiceSpec":
+        if self.runtime.cache is not None and not self.model.deterministic:
+            raise ValueError(
+                "runtime.cache serves a stored answer in place of the model's, which is only "
+                "right for a model that answers the same inputs alike: set model.deterministic "
+                "to true if it does, else remove runtime.cache"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _gpu_settings_need_a_gpu(self) -> "InferenceServiceSpec":
         if self.resources.gpu_count == 0:
             if self.resources.gpu_product is not None:

@@ -122,6 +122,10 @@ class ModelSpec(ApiModel):
     """Input tensors, in the order the model's forward() takes them."""
     outputs: Annotated[list[TensorSpec], Field(min_length=1, max_length=64)]
     """Output tensors, in the order the model returns them."""
+    deterministic: bool = False
+    """true: the model answers the same inputs with the same outputs (no sampling, no dropout or
+    randomness at inference), so its answers may be cached (runtime.cache). Left false, Kiln
+    never caches them."""
 
     @field_validator("inputs", "outputs")
     @classmethod

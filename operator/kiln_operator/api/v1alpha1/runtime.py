@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from kiln_operator.api.v1alpha1.base import ApiModel
+from kiln_operator.api.v1alpha1.model import DNS_SUBDOMAIN
 
 IMAGE_PATTERN = r"^[a-z0-9]+([._/:@-][a-zA-Z0-9_.-]+)*$"
 
@@ -165,6 +166,53 @@ class LimitsSpec(ApiModel):
     """The gRPC port's limits."""
 
 
+class RedisCacheSpec(ApiModel):
+    """A Redis server every replica of the service shares its cached answers through. Keys start
+    with kiln:<namespace>/<name>: (the service's own), values carry a checksum, and the runtime
+    serves from the model whenever Redis fails or is slow."""
+
+    address: Annotated[
+        str, Field(min_length=3, max_length=261, pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
+    ]
+    """host:port of the Redis server, e.g. redis.cache.svc:6379."""
+    secret_name: Annotated[str | None, Field(max_length=253, pattern=DNS_SUBDOMAIN)] = None
+    """A Secret in the InferenceService's namespace with the service's Redis credentials: key
+    password (required) and key username (optional; an ACL user that may use only the keys
+    ~kiln:<namespace>/<name>:*). Unset: Redis without authentication."""
+    timeout_milliseconds: Annotated[int, Field(ge=1, le=1000)] = 10
+    """Longest a lookup or a write may take; past it the request is served from the model and
+    the runtime leaves Redis alone for a second."""
+    max_connections: Annotated[int, Field(ge=1, le=1024)] = 16
+    """Connections each runtime pod opens to Redis at most."""
+
+
+class ResponseCacheSpec(ApiModel):
+    """Answers kept by the runtime and served again to identical requests, without the model.
+    Requires model.deterministic: true. The key covers the model and its version, every input's
+    name, datatype, shape and bytes, the requested outputs and the request's parameters (but
+    timeout, priority and binary_data_output, which change how an answer is delivered, not what
+    it holds). A hit never enters the batcher."""
+
+    max_bytes: Annotated[int, Field(ge=1 << 16, le=1 << 40)] = 64 * (1 << 20)
+    """Memory each pod's cache may hold (answers and bookkeeping); the least recently used
+    answers go first. Counts against resources.memory."""
+    ttl_seconds: Annotated[int, Field(ge=1, le=604_800)] = 300
+    """Longest an answer is served from the cache after it was computed."""
+    max_entry_bytes: Annotated[int, Field(ge=1, le=1 << 30)] = 1 << 20
+    """Answers larger than this are not kept (nor read back from Redis)."""
+    redis: RedisCacheSpec | None = None
+    """Share the answers among the service's replicas through Redis; unset: each pod keeps its
+    own."""
+
+    @model_validator(mode="after")
+    def _entry_fits(self) -> "ResponseCacheSpec":
+        if self.max_entry_bytes > self.max_bytes:
+            raise ValueError(
+                f"maxEntryBytes ({self.max_entry_bytes}) exceeds maxBytes ({self.max_bytes})"
+            )
+        return self
+
+
 class RuntimeSpec(ApiModel):
     """The serving container."""
 
@@ -180,3 +228,6 @@ class RuntimeSpec(ApiModel):
     """gRPC connection lifetime, so long-lived clients spread over new replicas."""
     limits: LimitsSpec = LimitsSpec()
     """Per-port bounds on what clients may cost (connections, timeouts, buffers, floods)."""
+    cache: ResponseCacheSpec | None = None
+    """A response cache: identical requests answered from memory (each pod's, optionally a
+    shared Redis) instead of the model. Off unless set; needs model.deterministic: true."""
