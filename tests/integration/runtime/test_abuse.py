@@ -158,16 +158,21 @@ def kept_within_cap(outcome: str) -> str:
     connection, refused the rest, and kept nearly that many (a connection an earlier probe or
     attack left, not yet closed, holds a place of its own; an exact count would depend on it).
     """
-    counted = re.fullmatch(r"(\d+) of (\d+) connections kept; health check served", outcome)
+    counted = re.fullmatch(
+        r"(\d+) of (\d+) connections kept; health check served; ([\d.]+) s", outcome
+    )
     if counted is None:
         return outcome
-    kept, held = int(counted[1]), int(counted[2])
+    kept, held, lasted = int(counted[1]), int(counted[2]), float(counted[3])
     # the probe holds one; the health budget's connections are dropped for the health check
     # as it comes (the flood's are idle), so one to all of them may be left
     cap = LIMITS["maxConnections"] - 1 + LIMITS["healthConnections"]
-    if cap - CAP_SLACK <= kept <= cap < held:
+    # a flood that outlasted the header timeout (a slow host) saw its first connections closed
+    # for never opening a stream, as they should be: then only the cap itself is checked
+    fewest = cap - CAP_SLACK if lasted < LIMITS["headerTimeoutSeconds"] else 1
+    if fewest <= kept <= cap < held:
         return "kept within the cap"
-    return f"{kept} kept of {held} opened; expected {cap - CAP_SLACK}..{cap} kept, more opened"
+    return f"{kept} kept of {held} opened in {lasted} s; expected {fewest}..{cap} kept, more opened"
 
 
 @pytest.mark.parametrize("attack", EXPECTED.keys())
