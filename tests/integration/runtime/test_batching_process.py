@@ -48,7 +48,9 @@ def row(i: int) -> np.ndarray:
 def infer(client: triton_grpc.InferenceServerClient, i: int) -> np.ndarray:
     tensor = triton_grpc.InferInput("INPUT__0", [1, 512], "FP32")
     tensor.set_data_from_numpy(row(i))
-    result = client.infer("mlp", [tensor], client_timeout=30.0).as_numpy("OUTPUT__0")
+    result: np.ndarray | None = client.infer("mlp", [tensor], client_timeout=30.0).as_numpy(
+        "OUTPUT__0"
+    )
     assert result is not None
     return result
 
