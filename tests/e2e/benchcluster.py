@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kiln_localcluster.cluster import ClusterInfo, ClusterOptions, LocalCluster, kubectl
 from kiln_localcluster.volumes import provision_claim
+from kiln_localcluster.waiting import wait_for
 from tests.sessioncluster import write_example_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,8 +49,11 @@ def bench_cluster(name: str) -> Iterator[BenchCluster]:
     try:
         local.import_image(IMAGE)
         kubectl(info, "apply", "-k", str(REPO / "crds"))
-        kubectl(info, "wait", "--for=condition=Established", "--timeout=60s",
-                "crd/inferenceservices.serving.kiln.dev")  # fmt: skip
+        # `kubectl wait` fails outright while the new CRD has no conditions yet: poll instead.
+        wait_for(lambda: kubectl(info, "get", "crd/inferenceservices.serving.kiln.dev", "-o",
+                                 "jsonpath={.status.conditions[?(@.type=='Established')].status}",
+                                 check=False).stdout.strip() == "True",
+                 timeout=60, description="the InferenceService CRD established")  # fmt: skip
         models = write_example_model(STATE_DIR / "models" / name)
         with (STATE_DIR / f"bench-{name}-operator.log").open("wb") as log:
             operator = subprocess.Popen(

@@ -24,7 +24,7 @@ from kiln_runtime.config import Http2Limits
 from kiln_runtime.protocol import hpack
 from kiln_runtime.protocol.http2 import wire
 from kiln_runtime.protocol.http2.budgets import HealthReserve, MemoryBudget
-from kiln_runtime.protocol.http2.connection import AGE_GOAWAY_GAP_SECONDS, Http2Connection
+from kiln_runtime.protocol.http2.connection import DRAIN_PING_TIMEOUT_SECONDS, Http2Connection
 from kiln_runtime.protocol.http2.messages import (
     AnswersEarly,
     Handler,
@@ -33,7 +33,7 @@ from kiln_runtime.protocol.http2.messages import (
     Streaming,
 )
 from kiln_runtime.protocol.http2.settings import MAX_FRAME_SIZE
-from kiln_runtime.protocol.http2.state import ConnectionState
+from kiln_runtime.protocol.http2.state import LINGER_SECONDS, ConnectionState
 
 TIMEOUT = 5.0
 OK = hpack.encode([(b":status", b"200"), (b"content-type", b"application/grpc")])
@@ -505,7 +505,11 @@ def goaways(frames: list[Frame]) -> list[tuple[int, int]]:
     return [struct.unpack_from(">LL", f[3]) for f in frames if f[0] == wire.GOAWAY]
 
 
-async def test_an_aged_connection_is_asked_to_reconnect_and_loses_no_call(
+def pings(frames: list[Frame]) -> list[tuple[int, bytes]]:
+    return [(f[1], f[3]) for f in frames if f[0] == wire.PING]
+
+
+async def test_an_aged_connection_is_drained_goaway_ping_then_the_final_goaway(
     harness: Harness,
 ) -> None:
     release = asyncio.Event()
@@ -517,17 +521,59 @@ async def test_an_aged_connection_is_asked_to_reconnect_and_loses_no_call(
     await harness.serve(handler, max_age=0.2, max_age_grace=5.0)
     peer = await harness.connect(Peer)
     peer.write(RAW_START + raw_headers(1, b"/running"))
-    frames = await peer.frames_until(lambda frames: len(goaways(frames)) == 1)
-    # First the GOAWAY that still admits streams the client may be opening right now...
+    frames = await peer.frames_until(lambda frames: bool(pings(frames)))
+    # First a GOAWAY that still admits every stream, and a PING...
     assert goaways(frames) == [(wire.MAX_STREAM_ID, wire.NO_ERROR)]
+    assert pings(frames) == [(0, wire.DRAIN_PING)]
+    # ...so a call the client sent before it read them is served:
     peer.write(raw_headers(3, b"/racing"))
-    # ...then the final one, naming the last stream the server takes.
+    with pytest.raises(TimeoutError):  # no final GOAWAY before the PING's ACK
+        await asyncio.wait_for(peer.frames_until(lambda frames: len(goaways(frames)) > 1), 0.5)
+    peer.write(wire.frame(wire.PING, wire.ACK, 0, wire.DRAIN_PING))
+    # ...then the final GOAWAY, naming the last stream the server takes.
     frames = await peer.frames_until(lambda frames: len(goaways(frames)) == 2)
     assert goaways(frames)[1] == (3, wire.NO_ERROR)
+    peer.write(raw_headers(5, b"/late"))  # after the final GOAWAY: refused, so retried
+    refused = (wire.RST_STREAM, 0, 5, struct.pack(">L", wire.REFUSED_STREAM))
+    await peer.frames_until(lambda frames: refused in frames)
     release.set()
-    frames = await peer.frames_until(None)  # both answered, then the server closes
+    frames = await peer.frames_until(None)  # both answered, then the server ends its side
     answered = {f[2]: f[3] for f in frames if f[0] == wire.DATA}
     assert answered == {1: b"/running", 3: b"/racing"}
+
+
+async def test_a_client_that_never_acks_the_drain_ping_gets_the_final_goaway_anyway(
+    harness: Harness,
+) -> None:
+    await harness.serve(max_age=0.1, max_age_grace=5.0)
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START)
+    frames = await peer.frames_until(lambda frames: bool(pings(frames)))
+    sent = asyncio.get_running_loop().time()
+    frames = await peer.frames_until(None)
+    waited = asyncio.get_running_loop().time() - sent
+    assert goaways(frames) == [(wire.MAX_STREAM_ID, wire.NO_ERROR), (0, wire.NO_ERROR)]
+    assert DRAIN_PING_TIMEOUT_SECONDS - 0.1 < waited < DRAIN_PING_TIMEOUT_SECONDS + 1
+
+
+async def test_a_drained_connection_ends_with_fin_and_reads_until_the_client_closes(
+    harness: Harness,
+) -> None:
+    """No TCP reset: frames the client sends after the final GOAWAY are read (and dropped),
+    and the server closes once the client has (grpc-go issue 5358)."""
+    await harness.serve(max_age=0.1, max_age_grace=5.0)
+    peer = await harness.connect(Peer)
+    peer.write(RAW_START)
+    await peer.frames_until(lambda frames: bool(pings(frames)))
+    peer.write(wire.frame(wire.PING, wire.ACK, 0, wire.DRAIN_PING))
+    await peer.frames_until(None)  # the final GOAWAY, then the end of the server's stream
+    (connection,) = harness.connections
+    peer.write(wire.window_update(0, 1000) + wire.frame(wire.PING, 0, 0, b"8 bytes!"))
+    await peer.writer.drain()
+    await asyncio.sleep(0.2)
+    assert not connection.closed.done()  # still reading: nothing it got was left unread
+    peer.writer.close()
+    await asyncio.wait_for(connection.closed, LINGER_SECONDS / 2)
 
 
 async def test_calls_outliving_the_age_grace_are_cut(harness: Harness) -> None:
@@ -539,8 +585,9 @@ async def test_calls_outliving_the_age_grace_are_cut(harness: Harness) -> None:
     peer = await harness.connect(Peer)
     peer.write(RAW_START + raw_headers(1, b"/stuck"))
     started = asyncio.get_running_loop().time()
-    await peer.frames_until(None)
-    assert asyncio.get_running_loop().time() - started < AGE_GOAWAY_GAP_SECONDS + 2
+    frames = await peer.frames_until(None)
+    assert asyncio.get_running_loop().time() - started < 0.3 + 1  # the grace, from the GOAWAY
+    assert not [f for f in frames if f[2] == 1], "cut, unanswered"
 
 
 async def test_connections_without_a_max_age_stay_open(harness: Harness) -> None:

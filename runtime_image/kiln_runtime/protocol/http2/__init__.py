@@ -7,7 +7,8 @@ decodes headers with ``hpack``, hands each complete request to a handler, and wr
 answer (headers, data, trailers) in one write. It keeps what an HTTP/2 peer relies on: the
 SETTINGS exchange, flow control in both directions (a response larger than the client's window
 waits for its WINDOW_UPDATE), PING, RST_STREAM (the request's task is cancelled), a stream
-limit, GOAWAY on shutdown and on protocol errors, the request checks of RFC 9113 8.2-8.3 (h2spec
+limit, GOAWAY on shutdown and on protocol errors (and a graceful drain, GOAWAY, PING and the
+final GOAWAY, at a connection's maximum age), the request checks of RFC 9113 8.2-8.3 (h2spec
 passes in full). It serves prior-knowledge cleartext HTTP/2 (``h2c``), which is what gRPC
 clients speak without TLS. Streamed calls (``Streaming``: health Watch, reflection) are handed
 on from their headers, their body as it arrives, and may send data before their end.

@@ -235,9 +235,7 @@ class Answering(ConnectionState):
         if not stream.remote_closed:
             self._out.append(rst_stream(stream.request.stream_id, NO_ERROR))
         if self._going_away and not self._streams:
-            self._flush()
-            if self._transport is not None:
-                self._transport.close()
+            self._close()
 
     def _reset(self, stream: Stream, code: int) -> None:
         self._forget(stream)

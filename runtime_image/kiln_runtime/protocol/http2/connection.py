@@ -7,7 +7,9 @@ connection over ``Http2Limits.max_connections`` at accept (past it, admits
 server preface, feeds the socket's bytes to ``receiving``, pauses and resumes with the
 socket's buffers, checks the preface, header, body and idle timeouts once a tick, and ends the
 connection with GOAWAY: on shutdown, on a protocol error, and at its maximum age (gRPC's
-MAX_CONNECTION_AGE).
+MAX_CONNECTION_AGE), the last gracefully, as grpc-go's server drains a connection: a first
+GOAWAY that still admits every stream, with a PING, and the final GOAWAY once the PING's ACK
+shows the client has read the first, so that no call it sent in between is refused or lost.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from kiln_runtime.protocol.http2.receiving import Receiving
 from kiln_runtime.protocol.http2.settings import server_preface
 from kiln_runtime.protocol.http2.wire import (
     CANCEL,
+    DRAIN_PING,
     ENHANCE_YOUR_CALM,
     GOAWAY,
     MAX_STREAM_ID,
     NO_ERROR,
+    PING,
     ProtocolViolation,
     frame,
 )
@@ -33,7 +37,8 @@ from kiln_runtime.protocol.http2.wire import (
 log = logging.getLogger(__name__)
 
 AGE_JITTER = 0.1  # a connection's maximum age varies by this fraction either way
-AGE_GOAWAY_GAP_SECONDS = 1.0  # between an aged connection's first GOAWAY and its final one
+# The final GOAWAY follows the drain PING's ACK; a client that sends none gets it after this.
+DRAIN_PING_TIMEOUT_SECONDS = 1.0
 WRITE_HIGH_WATER = 1 << 20  # bytes in the socket's send buffer before pause_writing
 TICK_SECONDS = 1.0  # how often a connection checks its timeouts
 
@@ -119,6 +124,8 @@ class Http2Connection(Receiving):
             self.closed.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # the connection is over: read only to see the peer's end
         self._buffer += data
         self._turn_calls = 0
         try:
@@ -161,7 +168,7 @@ class Http2Connection(Receiving):
 
     def _tick(self) -> None:
         """Once a second: the preface, header, body and idle timeouts."""
-        if self._transport is None:
+        if self._transport is None or self._lingering:
             return
         now = self._loop.time()
         limits = self._limits
@@ -191,29 +198,37 @@ class Http2Connection(Receiving):
     # shutdown --------------------------------------------------------------------------------
 
     def shut_down(self) -> None:
-        """Refuse new streams (GOAWAY), answer the open ones, then close."""
-        if self._transport is None:
+        """The final GOAWAY: refuse new streams, answer the open ones, then close."""
+        if self._transport is None or self._lingering:
             return
+        self._awaiting_drain_ping = False
         self._goaway(NO_ERROR)
         self._flush()
         if not self._streams:
-            self._transport.close()
+            self._close()
 
     def _age_out(self) -> None:
         """The connection reached its maximum age: ask the client to reconnect, as gRPC servers'
         MAX_CONNECTION_AGE does, so that a long-lived client re-enters the Service's balancing
-        and reaches replicas added since it connected. First a GOAWAY naming the highest stream
-        id (streams the client is opening right now are still served), a second later the final
-        one; calls still running when the grace ends are cut."""
-        if self._transport is None or self._going_away:
+        and reaches replicas added since it connected. Drained as grpc-go drains: a GOAWAY
+        naming the highest stream id (streams the client opens before it reads this are still
+        served) and a PING; its ACK, which the client sends after reading the GOAWAY, shows
+        that every stream it will ever open here has arrived: then the final GOAWAY, naming
+        the last one (``receiving``). Calls still running ``max_age_grace`` seconds after the
+        first GOAWAY are cut."""
+        if self._transport is None or self._going_away or self._draining:
             return
+        self._draining = self._awaiting_drain_ping = True
         self._out.append(frame(GOAWAY, 0, 0, struct.pack(">LL", MAX_STREAM_ID, NO_ERROR)))
+        self._out.append(frame(PING, 0, 0, DRAIN_PING))
         self._flush()
-        loop = asyncio.get_running_loop()
-        self._timers.append(loop.call_later(AGE_GOAWAY_GAP_SECONDS, self.shut_down))
-        self._timers.append(
-            loop.call_later(AGE_GOAWAY_GAP_SECONDS + self._max_age_grace, self.abort)
-        )
+        loop = self._loop
+        self._timers.append(loop.call_later(DRAIN_PING_TIMEOUT_SECONDS, self._drain_ping_late))
+        self._timers.append(loop.call_later(self._max_age_grace, self.abort))
+
+    def _drain_ping_late(self) -> None:
+        if self._awaiting_drain_ping:
+            self.shut_down()
 
     def abort(self) -> None:
         if self._transport is not None:

@@ -26,6 +26,7 @@ from kiln_runtime.protocol.http2.wire import (
     CONTINUATION,
     DATA,
     DEFAULT_MAX_FRAME,
+    DRAIN_PING,
     END_HEADERS,
     END_STREAM,
     ENHANCE_YOUR_CALM,
@@ -141,6 +142,8 @@ class Receiving(Answering):
             if not flags & ACK:
                 self._flood(self._control_frames, "PING")
                 self._out.append(frame(PING, ACK, 0, payload))
+            elif payload == DRAIN_PING and self._awaiting_drain_ping:
+                self.shut_down()  # the client has read the first GOAWAY: the final one
         elif kind == RST_STREAM:
             self._on_rst_stream(stream_id, payload)
         elif kind == GOAWAY:

@@ -36,6 +36,7 @@ from kiln_runtime.protocol.http2.wire import (
 if TYPE_CHECKING:
     from kiln_runtime.protocol.http2.connection import Http2Connection
 
+LINGER_SECONDS = 1.0  # after its last frame, how long a closing connection still reads
 RECENT_STREAMS = 1024  # closed streams remembered: late frames on them are told apart
 # A compressed header block may be this many times the header list limit: up to it, a list
 # over the limit fails only its own stream (the block is decoded for the table, its oversized
@@ -140,7 +141,10 @@ class ConnectionState(asyncio.Protocol):
         self._checked: dict[
             tuple[tuple[bytes, bytes], ...], tuple[str | None, dict[bytes, bytes]]
         ] = {}
-        self._going_away = False
+        self._going_away = False  # the final GOAWAY is out (or the peer's came): no new stream
+        self._draining = False  # the first GOAWAY of a graceful drain is out (``connection``)
+        self._awaiting_drain_ping = False  # its PING is not acknowledged yet
+        self._lingering = False  # written to the end (FIN): reading on until the peer closes
         self.closed = self._loop.create_future()
 
     @property
@@ -182,7 +186,7 @@ class ConnectionState(asyncio.Protocol):
         """Stop reading the socket while the peer does not read its own (its requests wait in
         TCP) or while a burst waits for the next turn. Answers parked for the peer's window
         do not stop reading: its WINDOW_UPDATE must get through; new calls queue instead."""
-        if self._transport is None:
+        if self._transport is None or self._lingering:
             return
         congested = self._write_paused or self._backlog
         if congested and not self._read_paused:
@@ -223,6 +227,11 @@ class ConnectionState(asyncio.Protocol):
             self._reopen_window()
 
     @abc.abstractmethod
+    def shut_down(self) -> None:
+        """The final GOAWAY: refuse new streams, answer the open ones, then close
+        (``connection``)."""
+
+    @abc.abstractmethod
     def budget_freed(self) -> None:
         """The process budget has room again (called by ``MemoryBudget``); ``Http2Connection``
         reopens the window and starts what waited."""
@@ -242,9 +251,30 @@ class ConnectionState(asyncio.Protocol):
         self._out.append(frame(GOAWAY, 0, 0, payload))
 
     def _flush(self) -> None:
-        if self._out and self._transport is not None:
+        if self._out and self._transport is not None and not self._lingering:
             self._transport.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
         self._out.clear()
+
+    def _close(self) -> None:
+        """End a connection that has said GOAWAY and answered its last stream, without a TCP
+        reset: write what is queued, then the end of the stream (FIN), and read on (discarding)
+        until the peer closes its side too, or ``LINGER_SECONDS`` pass. Closing outright with
+        the peer's bytes unread (its WINDOW_UPDATE or PING racing the GOAWAY) makes the kernel
+        send RST instead of FIN, and a client that gets RST may drop what it had not read yet:
+        the final GOAWAY, the last answers (grpc-go issue 5358; Go lingers the same way)."""
+        transport = self._transport
+        if transport is None or self._lingering:
+            return
+        self._flush()
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        self._lingering = True
+        transport.write_eof()
+        if self._read_paused:  # the peer's end (EOF) must be seen
+            transport.resume_reading()
+            self._read_paused = False
+        self._timers.append(self._loop.call_later(LINGER_SECONDS, transport.close))
 
     def _flush_soon(self) -> None:
         """Write what is queued once this loop turn's callbacks have run: the answers of one
