@@ -103,7 +103,7 @@ class Http2Connection(Receiving):
                 "new one (%d so far)", self._limits.max_connections, self._health.evicted,
             )  # fmt: skip
         self._connections.discard(victim)
-        victim.shut_down()
+        victim.dismiss()
 
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in self._timers:
@@ -183,7 +183,7 @@ class Http2Connection(Receiving):
             return
         never_streamed = not self._last_stream_id and self._continuing is None
         if never_streamed and now - self._opened > limits.header_timeout_seconds:
-            self.shut_down()  # a connection that never opened a stream holds a slot for nothing
+            self.dismiss()  # a connection that never opened a stream holds a slot for nothing
             return
         for stream in list(self._streams.values()):
             body_late = now - stream.opened > limits.body_timeout_seconds
@@ -192,10 +192,22 @@ class Http2Connection(Receiving):
         if self._streams:
             self._last_active = now
         elif now - self._last_active > limits.idle_timeout_seconds:
-            self.shut_down()
+            self.dismiss()
         self._flush()
 
     # shutdown --------------------------------------------------------------------------------
+
+    def dismiss(self) -> None:
+        """GOAWAY and close at once a connection with no call in flight (idle, never streamed,
+        or evicted at the cap): no answer can be lost to a reset, and its descriptor is freed
+        now. Lingering as ``shut_down`` does would hold, for a second per connection, the
+        descriptors the port's cap already counted as free: an idle flood at the file limit
+        then made new connections, the kubelet's probes among them, fail at accept."""
+        if self._transport is None or self._lingering:
+            return
+        self._goaway(NO_ERROR)
+        self._flush()
+        self._transport.close()
 
     def shut_down(self) -> None:
         """The final GOAWAY: refuse new streams, answer the open ones, then close."""

@@ -269,8 +269,12 @@ class ConnectionState(asyncio.Protocol):
         if not transport.can_write_eof():
             transport.close()
             return
+        try:
+            transport.write_eof()
+        except OSError:  # the peer is gone already (ENOTCONN): nothing to linger for
+            transport.close()
+            return
         self._lingering = True
-        transport.write_eof()
         if self._read_paused:  # the peer's end (EOF) must be seen
             transport.resume_reading()
             self._read_paused = False
