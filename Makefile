@@ -192,5 +192,6 @@ bench-runtime-profile: venv ## py-spy flame graphs of the runtime under tritoncl
 # ---- autoscaling ----
 bench-autoscaling: venv ## Kiln's autoscaler vs HPA, KEDA, Knative, oracles on simulated days -> docs/benchmarks/autoscaling.md
 	$(PY) -m kiln_operator.simulator bench --seeds 20 --sweep-seeds 4 --processes 2 --out docs/benchmarks
+	$(PY) -m kiln_operator.simulator bench-learned --seeds 10 --processes 2 --out docs/benchmarks
 
 .PHONY: bench-autoscaling
