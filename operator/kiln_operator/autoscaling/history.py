@@ -108,8 +108,6 @@ class HistoryCache:
         self._fitted: dict[ServiceKey, Fitted] = {}
         self._last_query_at = -math.inf
         self._running: asyncio.Future[None] | None = None
-        self.queries = 0
-        """Range queries sent so far (the operator's own measure of its history load)."""
 
     def fit_for(
         self, key: ServiceKey, spec: LearnedPrewarmSpec, now: datetime
@@ -128,11 +126,6 @@ class HistoryCache:
         self._wanted.pop(key, None)
         self._fitted.pop(key, None)
 
-    async def settle(self) -> None:
-        """Wait for the read in flight, if any (for tests and shutdown)."""
-        if self._running is not None:
-            await asyncio.shield(self._running)
-
     def _start_next(self, now: datetime) -> None:
         if self._running is not None and not self._running.done():
             return
@@ -149,7 +142,6 @@ class HistoryCache:
         self, specs: dict[ServiceKey, LearnedPrewarmSpec], now: datetime, clock: float
     ) -> None:
         """Blocking, on this endpoint's thread: one range query, then each service's fit."""
-        self.queries += 1
         days = next(iter(specs.values())).history_days
         end = datetime.fromtimestamp(now.timestamp() // STEP_SECONDS * STEP_SECONDS, UTC)
         start = end - timedelta(days=days)

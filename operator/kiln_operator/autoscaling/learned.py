@@ -66,7 +66,6 @@ class LearnedProfile:
     start: datetime
     rates: tuple[float, ...]
     """Requests per second per slot, level applied; NaN where the history had nothing."""
-    days_of_history: int
     error: float
     """The backtest's absolute error over the traffic (0.12 = 12 %)."""
     level: float
@@ -202,7 +201,6 @@ def fit(samples: Sequence[Sample], now: datetime, spec: LearnedPrewarmSpec) -> L
     profile = LearnedProfile(
         start=today,
         rates=tuple(float(rate) * level for rate in rates),
-        days_of_history=with_data,
         error=error,
         level=level,
     )
