@@ -4,6 +4,7 @@ state changes, and the history reads stay within their query budget at 1,000 ser
 
 import itertools
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from kiln_operator.api.v1alpha1.autoscaling import (
     AutoscalingSpec,
@@ -178,3 +179,15 @@ def test_at_1000_services_a_refresh_after_a_day_still_forecasts_the_next_day() -
     assert FITTED.profile is not None
     assert FITTED.profile.rate_at(later + timedelta(days=1)) > 0
     assert FITTED.profile.start == datetime(2026, 11, 23, tzinfo=UTC)
+
+
+def test_every_learned_reason_has_a_troubleshooting_row() -> None:
+    page = (Path(__file__).parents[3] / "docs" / "troubleshooting.md").read_text()
+    names = [
+        value
+        for name, value in vars(reasons).items()
+        if name.startswith("LEARNED_") or name == "PREWARM_LEARNED"
+    ]
+    assert len(names) == 7
+    missing = [name for name in names if f": {name}` |" not in page]
+    assert missing == []
