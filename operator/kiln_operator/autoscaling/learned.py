@@ -54,6 +54,9 @@ NO_TRAFFIC_RPS = 0.001
 """Below this mean rate the history holds no traffic to learn from."""
 RISE_HORIZON = timedelta(days=1)
 """How far ahead the status looks for the next rise."""
+RISE_RATIO = 1.2
+"""A rise: the forecast over the lead window reaches this multiple of the rate now (and needs
+more replicas). The diurnal swing (5:1 over 12 hours) moves a 5-minute step by a few percent."""
 
 Sample = tuple[float, float]
 """(Unix time, requests per second over the `STEP_SECONDS` before it)."""
@@ -239,6 +242,22 @@ def _clock(instant: datetime) -> str:
     return instant.astimezone(UTC).strftime("%H:%M")
 
 
+def _rise(
+    profile: LearnedProfile, at: datetime, lead: timedelta, per_replica: float, max_replicas: int
+) -> tuple[float, float]:
+    """The forecast rate at `at` and the highest over [at, at + lead] if that is a rise (needs
+    more replicas and is `RISE_RATIO` times the rate at `at`), else NaN."""
+    now_rate = profile.rate_at(at)
+    peak = _peak(profile, at, at + lead)
+    if not math.isfinite(peak):
+        return now_rate, math.nan
+    base = now_rate if math.isfinite(now_rate) else 0.0
+    more = _replicas(peak, per_replica, max_replicas) > _replicas(base, per_replica, max_replicas)
+    if more and peak >= RISE_RATIO * base:
+        return now_rate, peak
+    return now_rate, math.nan
+
+
 def learned_status(
     learned_fit: LearnedFit | None,
     now: datetime,
@@ -248,8 +267,12 @@ def learned_status(
     target_utilization_percent: int,
     max_replicas: int,
 ) -> LearnedStatus:
-    """The floor the forecast implies at `now` for the lead window [now, now + lead], capped at
-    `maxReplicas`, and the next forecast rise within a day; or why it is off."""
+    """The floor the forecast implies at `now`, capped at `maxReplicas`: while a rise is
+    forecast within the lead window [now, now + lead] (or began within the last lead), the
+    replicas for the rise's rate (the
+    reactive policy sizes for the traffic once it has come; a floor held all day would charge
+    every error of the forecast, and the capacity while it is only a lower bound, to the
+    replica-hours); 0 otherwise. And the next forecast rise within a day; or why it is off."""
     require_utc(now)
     if learned_fit is None:
         return LearnedStatus(
@@ -273,33 +296,38 @@ def learned_status(
             fitted_at=learned_fit.fitted_at,
         )
     per_replica = capacity_per_replica * target_utilization_percent / 100.0
-    rate_now = _peak(profile, now, now + lead)
-    floor = _replicas(rate_now, per_replica, max_replicas)
+    rate_now, rising = _rise(profile, now, lead, per_replica, max_replicas)
+    # A rise that began within the last lead keeps its floor: the metrics that size the
+    # reactive policy lag the traffic by their window.
+    _, began = _rise(profile, now - lead, lead, per_replica, max_replicas)
+    if not rising >= began:  # NaN-aware max: a NaN compares False
+        rising = began if math.isfinite(began) else rising
+    floor = _replicas(rising, per_replica, max_replicas)
     rise_at, rise_rate = None, None
     slot = _slot_start(now + lead) + timedelta(seconds=STEP_SECONDS)
     while slot < now + RISE_HORIZON:
-        rate = profile.rate_at(slot)
-        if _replicas(rate, per_replica, max_replicas) > floor:
-            rise_at, rise_rate = slot, rate
+        _, peak = _rise(profile, slot - lead, lead, per_replica, max_replicas)
+        if math.isfinite(peak):
+            rise_at, rise_rate = slot, peak
             break
         slot += timedelta(seconds=STEP_SECONDS)
-    if math.isfinite(rate_now):
-        message = f"learned: floor {floor} now (forecast {rate_now:.3g} req/s)"
+    shown = f"{rate_now:.3g} req/s" if math.isfinite(rate_now) else "unknown"
+    if floor:
+        message = f"rising: floor {floor} for {rising:.3g} req/s (now {shown})"
     else:
-        message = "learned: no forecast for now"
+        message = f"no rise within the lead (forecast now {shown})"
     raise_from = None
     if rise_at is not None and rise_rate is not None:
         raise_from = rise_at - lead
         rise_floor = _replicas(rise_rate, per_replica, max_replicas)
-        now_part = message.removeprefix("learned: ")
         message = (
-            f"learned: {rise_at.strftime('%A')}s {_clock(rise_at)} UTC rise to {rise_rate:.3g} "
-            f"req/s; floor {rise_floor} from {_clock(raise_from)}; {now_part}"
+            f"{rise_at.strftime('%A')}s {_clock(rise_at)} UTC rise to {rise_rate:.3g} req/s; "
+            f"floor {rise_floor} from {_clock(raise_from)}; {message}"
         )
     return LearnedStatus(
         active=True,
         reason=reasons.LEARNED_FORECAST,
-        message=message[:512],
+        message=f"learned: {message}"[:512],
         floor_replicas=floor,
         next_rise_at=rise_at,
         next_rise_requests_per_second=None if rise_rate is None else round(rise_rate, 2),

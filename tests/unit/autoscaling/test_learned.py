@@ -122,7 +122,7 @@ def status_at(
 
 def test_the_floor_rises_a_lead_before_the_forecast_rise_and_not_earlier() -> None:
     early = status_at(MONDAY + timedelta(hours=8, minutes=40))
-    assert early.active and early.floor_replicas == 1
+    assert early.active and early.floor_replicas == 0  # no rise within the lead
     assert early.next_rise_at == MONDAY + timedelta(hours=9)
     assert early.raise_from == MONDAY + timedelta(hours=8, minutes=55)
     peak = max(rate_at(FITTED, MONDAY + timedelta(hours=9, minutes=m)) for m in range(0, 10, 5))
@@ -132,10 +132,12 @@ def test_the_floor_rises_a_lead_before_the_forecast_rise_and_not_earlier() -> No
     assert f"floor {floor} from 08:55" in early.message
     ahead = status_at(MONDAY + timedelta(hours=8, minutes=56))
     assert ahead.floor_replicas == floor
-
+    assert "rising: floor 6" in ahead.message
+    # Once the traffic has come, the reactive policy sizes for it: no floor held all peak long.
+    assert status_at(MONDAY + timedelta(hours=9, minutes=30)).floor_replicas == 0
 
 def test_the_floor_is_capped_at_max_replicas() -> None:
-    capped = status_at(MONDAY + timedelta(hours=9, minutes=30), max_replicas=4)
+    capped = status_at(MONDAY + timedelta(hours=8, minutes=56), max_replicas=4)
     assert capped.floor_replicas == 4
 
 
