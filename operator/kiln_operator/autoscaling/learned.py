@@ -238,6 +238,11 @@ def _replicas(rate: float, per_replica: float, max_replicas: int) -> int:
     return min(math.ceil(rate / per_replica - 1e-9), max_replicas)
 
 
+def _rate(rate: float) -> str:
+    """A request rate for the message: three significant digits, whole numbers from 1,000."""
+    return f"{rate:.0f}" if rate >= 1000 else f"{rate:.3g}"
+
+
 def _clock(instant: datetime) -> str:
     return instant.astimezone(UTC).strftime("%H:%M")
 
@@ -311,9 +316,9 @@ def learned_status(
             rise_at, rise_rate = slot, peak
             break
         slot += timedelta(seconds=STEP_SECONDS)
-    shown = f"{rate_now:.3g} req/s" if math.isfinite(rate_now) else "unknown"
+    shown = f"{_rate(rate_now)} req/s" if math.isfinite(rate_now) else "unknown"
     if floor:
-        message = f"rising: floor {floor} for {rising:.3g} req/s (now {shown})"
+        message = f"rising: floor {floor} for {_rate(rising)} req/s (now {shown})"
     else:
         message = f"no rise within the lead (forecast now {shown})"
     raise_from = None
@@ -321,7 +326,7 @@ def learned_status(
         raise_from = rise_at - lead
         rise_floor = _replicas(rise_rate, per_replica, max_replicas)
         message = (
-            f"{rise_at.strftime('%A')}s {_clock(rise_at)} UTC rise to {rise_rate:.3g} req/s; "
+            f"{rise_at.strftime('%A')}s {_clock(rise_at)} UTC rise to {_rate(rise_rate)} req/s; "
             f"floor {rise_floor} from {_clock(raise_from)}; {message}"
         )
     return LearnedStatus(
