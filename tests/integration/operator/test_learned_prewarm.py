@@ -10,10 +10,13 @@ metrics for the same service (the batch metrics the capacity estimate needs). Th
 pods run on kwok's fake nodes (placed, so nothing holds a scale-up).
 """
 
+import asyncio
 import math
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,9 @@ import yaml
 from kiln_localcluster import prometheus as local_prometheus
 from kiln_localcluster.processes import free_ports, spawn, stop, wait_started
 from kiln_localcluster.waiting import http_ok, wait_for
+from kiln_operator.api.v1alpha1.autoscaling import LearnedPrewarmSpec
+from kiln_operator.autoscaling.history import HistoryCache
+from kiln_operator.autoscaling.learned import LearnedFit
 from tests.integration.conftest import Cluster
 from tests.integration.operator.conftest import apply, gpu_service
 from tests.integration.operator.synthetic_runtimes import SyntheticRuntimes
@@ -40,9 +46,9 @@ MAX_REPLICAS = 4
 
 
 def peak_start(now: datetime) -> datetime:
-    """The daily peak's start: the first 5-minute boundary at least 4 minutes ahead, so the
+    """The daily peak's start: the first 5-minute boundary at least 6 minutes ahead, so the
     operator's first passes come before the floor's raise (the peak less the lead)."""
-    ahead = now + timedelta(minutes=4)
+    ahead = now + timedelta(minutes=6)
     seconds = math.ceil(ahead.timestamp() / 300) * 300
     return datetime.fromtimestamp(seconds, UTC)
 
@@ -64,18 +70,20 @@ def openmetrics_history(namespace: str, peak: datetime, end: datetime) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.fixture
-def history_prometheus(
-    tmp_path: Path, namespace: str
+@contextmanager
+def prometheus_with_history(
+    directory: Path, namespace: str
 ) -> Iterator[tuple[str, datetime, SyntheticRuntimes]]:
     """Prometheus over the backfilled blocks, scraping the live exporter every second; its URL,
     the forecast peak's start and the exporter."""
     if (missing := local_prometheus.available()) is not None:
         missing_component(missing)
+    if shutil.which("promtool") is None:
+        missing_component("promtool (Debian's prometheus package) is not installed")
     now = datetime.now(UTC)
     peak = peak_start(now)
-    data = tmp_path / "data"
-    source = tmp_path / "history.om"
+    data = directory / "data"
+    source = directory / "history.om"
     source.write_text(openmetrics_history(namespace, peak, now - timedelta(minutes=2)))
     subprocess.run(
         ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
@@ -89,20 +97,54 @@ def history_prometheus(
             "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}],
         }],
     }  # fmt: skip
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
     (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}"
     process = spawn("prometheus", [
-        "prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+        "prometheus", f"--config.file={directory / 'prometheus.yml'}",
         f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{port}",
         "--storage.tsdb.retention.time=30d", "--log.level=warn",
-    ], tmp_path / "prometheus.log")  # fmt: skip
+    ], directory / "prometheus.log")  # fmt: skip
     try:
         wait_started(process, lambda: http_ok(f"{url}/-/ready"), timeout=60)
         yield url, peak, exporter
     finally:
         stop(process)
         exporter.stop()
+
+
+@pytest.fixture
+def history_prometheus(
+    tmp_path: Path, namespace: str
+) -> Iterator[tuple[str, datetime, SyntheticRuntimes]]:
+    with prometheus_with_history(tmp_path, namespace) as started:
+        yield started
+
+
+def test_the_history_cache_reads_and_fits_the_backfilled_weeks(tmp_path: Path) -> None:
+    """No cluster: the operator's history adapter against the real Prometheus, one range
+    query for the service, its fit forecasting the daily peak where the history has it."""
+    with prometheus_with_history(tmp_path, "shop") as (url, peak, _):
+        cache = HistoryCache(url)
+        spec = LearnedPrewarmSpec()
+
+        async def read() -> LearnedFit | None:
+            first = cache.fit_for(("shop", SERVICE), spec, datetime.now(UTC))
+            assert first is None  # never waits for Prometheus: the read has only begun
+            for _ in range(300):
+                await asyncio.sleep(0.1)
+                if fitted := cache.fit_for(("shop", SERVICE), spec, datetime.now(UTC)):
+                    return fitted
+            return None
+
+        try:
+            fitted = asyncio.run(read())
+        finally:
+            cache.close()
+    assert fitted is not None and fitted.profile is not None, fitted
+    assert fitted.profile.rate_at(peak + timedelta(minutes=10)) == pytest.approx(PEAK_RPS, rel=0.05)
+    assert fitted.profile.rate_at(peak - timedelta(minutes=30)) == pytest.approx(BASE_RPS, rel=0.1)
+    assert fitted.profile.error < 0.05
 
 
 def learned_service(prometheus_url: str) -> dict[str, Any]:
