@@ -144,7 +144,9 @@ class HistoryCache:
         """Blocking, on this endpoint's thread: one range query, then each service's fit."""
         days = next(iter(specs.values())).history_days
         end = datetime.fromtimestamp(now.timestamp() // STEP_SECONDS * STEP_SECONDS, UTC)
-        start = end - timedelta(days=days)
+        # Whole days: from midnight `historyDays` days ago (UTC), as the fit counts them.
+        today = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        start = today - timedelta(days=days) + timedelta(seconds=STEP_SECONDS)
         try:
             result = self._prometheus.custom_query_range(
                 history_query(list(specs)), start_time=start, end_time=end, step=str(STEP_SECONDS)

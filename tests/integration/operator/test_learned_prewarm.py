@@ -3,7 +3,7 @@ backfilled history: the operator reads it, forecasts the daily peak and raises t
 before the peak comes, with no cron in the spec.
 
 The history is written as OpenMetrics and turned into TSDB blocks by `promtool tsdb
-create-blocks-from openmetrics` (Debian's prometheus package): 15 days of the service's
+create-blocks-from openmetrics` (Debian's prometheus package): 8 days of the service's
 `kiln_requests_total`, 20 req/s with a daily hour at 5,000 req/s starting a few minutes after
 the test's start. Prometheus then serves those blocks and scrapes the synthetic exporter's live
 metrics for the same service (the batch metrics the capacity estimate needs). The service's
@@ -40,21 +40,22 @@ pytestmark = pytest.mark.integration
 SERVICE = "learner"
 BASE_RPS = 20.0
 PEAK_RPS = 5000.0
-HISTORY_DAYS = 15
-LEAD_SECONDS = 120  # assumedColdStartSeconds 60 + leadTimeMarginSeconds 60 (no pod is measured)
+HISTORY_DAYS = 8  # historyDays 7 is read (the least allowed): a short backfill, a quick start
+SAMPLE_MINUTES = 2  # rate() over 5 minutes sees two or three samples
+LEAD_SECONDS = 180  # assumedColdStartSeconds 120 + leadTimeMarginSeconds 60 (none is measured)
 MAX_REPLICAS = 4
 
 
 def peak_start(now: datetime) -> datetime:
-    """The daily peak's start: the first 5-minute boundary at least 6 minutes ahead, so the
+    """The daily peak's start: the first 5-minute boundary at least 4 minutes ahead, so the
     operator's first passes come before the floor's raise (the peak less the lead)."""
-    ahead = now + timedelta(minutes=6)
+    ahead = now + timedelta(minutes=4)
     seconds = math.ceil(ahead.timestamp() / 300) * 300
     return datetime.fromtimestamp(seconds, UTC)
 
 
 def openmetrics_history(namespace: str, peak: datetime, end: datetime) -> str:
-    """The counter, one sample a minute from HISTORY_DAYS days before `end` until `end`."""
+    """The counter, a sample every SAMPLE_MINUTES from HISTORY_DAYS days before `end` on."""
     labels = f'namespace="{namespace}",inferenceservice="{SERVICE}",pod="history",code="ok"'
     lines = ["# TYPE kiln_requests counter"]
     at = end - timedelta(days=HISTORY_DAYS)
@@ -63,9 +64,9 @@ def openmetrics_history(namespace: str, peak: datetime, end: datetime) -> str:
     while at < end:
         minute = at.hour * 60 + at.minute
         in_peak = 0 <= (minute - peak_minute) % 1440 < 60
-        total += 60 * (PEAK_RPS if in_peak else BASE_RPS)
+        total += SAMPLE_MINUTES * 60 * (PEAK_RPS if in_peak else BASE_RPS)
         lines.append(f"kiln_requests_total{{{labels}}} {total:.0f} {int(at.timestamp())}")
-        at += timedelta(minutes=1)
+        at += timedelta(minutes=SAMPLE_MINUTES)
     lines.append("# EOF")
     return "\n".join(lines) + "\n"
 
@@ -126,7 +127,7 @@ def test_the_history_cache_reads_and_fits_the_backfilled_weeks(tmp_path: Path) -
     query for the service, its fit forecasting the daily peak where the history has it."""
     with prometheus_with_history(tmp_path, "shop") as (url, peak, _):
         cache = HistoryCache(url)
-        spec = LearnedPrewarmSpec()
+        spec = LearnedPrewarmSpec(history_days=7)
 
         async def read() -> LearnedFit | None:
             first = cache.fit_for(("shop", SERVICE), spec, datetime.now(UTC))
@@ -155,7 +156,10 @@ def learned_service(prometheus_url: str) -> dict[str, Any]:
             "minReplicas": 1, "maxReplicas": MAX_REPLICAS, "prometheusUrl": prometheus_url,
             "evaluationIntervalSeconds": 5, "metricsWindowSeconds": 15, "staleAfterSeconds": 30,
         },
-        prewarm={"assumedColdStartSeconds": 60, "leadTimeMarginSeconds": 60, "learned": {}},
+        prewarm={
+            "assumedColdStartSeconds": 120, "leadTimeMarginSeconds": 60,
+            "learned": {"historyDays": 7},
+        },
     )  # fmt: skip
 
 
