@@ -136,6 +136,7 @@ def test_the_floor_rises_a_lead_before_the_forecast_rise_and_not_earlier() -> No
     # Once the traffic has come, the reactive policy sizes for it: no floor held all peak long.
     assert status_at(MONDAY + timedelta(hours=9, minutes=30)).floor_replicas == 0
 
+
 def test_the_floor_is_capped_at_max_replicas() -> None:
     capped = status_at(MONDAY + timedelta(hours=8, minutes=56), max_replicas=4)
     assert capped.floor_replicas == 4
