@@ -26,6 +26,7 @@ is forecast from the days before it, and the absolute error over the traffic mus
 """
 
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
@@ -62,13 +63,14 @@ Sample = tuple[float, float]
 """(Unix time, requests per second over the `STEP_SECONDS` before it)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LearnedProfile:
     """The forecast rate of every slot of `FORECAST_DAYS` days from `start` (midnight UTC)."""
 
     start: datetime
-    rates: tuple[float, ...]
-    """Requests per second per slot, level applied; NaN where the history had nothing."""
+    rates: "array[float]"
+    """Requests per second per slot, level applied; NaN where the history had nothing. An array
+    of doubles: 6.9 KB a service (a tuple of float objects takes 28 KB, 28 MB at 1,000)."""
     error: float
     """The backtest's absolute error over the traffic (0.12 = 12 %)."""
     level: float
@@ -203,7 +205,7 @@ def fit(samples: Sequence[Sample], now: datetime, spec: LearnedPrewarmSpec) -> L
     )
     profile = LearnedProfile(
         start=today,
-        rates=tuple(float(rate) * level for rate in rates),
+        rates=array("d", (float(rate) * level for rate in rates)),
         error=error,
         level=level,
     )
