@@ -60,7 +60,9 @@ class LearnedDay:
     scenario: Scenario
     history: HistoryShape = field(default_factory=HistoryShape)
     cron_right: bool = True
-    """Whether the hand-written cron announced the day's peak where it came (or none came)."""
+    """Whether the hand-written cron announced the day's peak where it came."""
+    moved: bool = False
+    """Whether the peak moved in the history too (so the history knows where it now comes)."""
 
 
 def learned_days(mean_rate: float = 6.0) -> list[LearnedDay]:
@@ -95,6 +97,7 @@ def learned_days(mean_rate: float = 6.0) -> list[LearnedDay]:
             ),
             HistoryShape(moved_days=7),
             cron_right=False,
+            moved=True,
         ),
         LearnedDay(
             Scenario(
@@ -280,10 +283,10 @@ def render_learned(rows: Sequence[Row], days: Sequence[LearnedDay], facts: str) 
                 f"{100 * learned.attainment:.3f} % | {100 * cron.attainment:.3f} % | "
                 f"{'yes' if ok else '**NO**'} |"
             )
-        elif day.scenario.peak is not None and not day.scenario.peak.cancelled:
-            ok = learned.attainment >= cron.attainment
+        elif day.moved:
+            ok = learned.attainment > cron.attainment
             lines.append(
-                f"| attainment >= the cron's where the peak moved | `{name}` | "
+                f"| attainment better than the cron's where the peak moved | `{name}` | "
                 f"{100 * learned.attainment:.3f} % | {100 * cron.attainment:.3f} % | "
                 f"{'yes' if ok else '**NO**'} |"
             )
@@ -292,7 +295,19 @@ def render_learned(rows: Sequence[Row], days: Sequence[LearnedDay], facts: str) 
             f"| replica-hours <= 1.1x the cron's | `{name}` | {learned.replica_hours:.1f} "
             f"({hours:.2f}x) | {cron.replica_hours:.1f} | {'yes' if hours <= 1.1 else '**NO**'} |"
         )
-    lines.append("")
+    lines += [
+        "",
+        "Reading: where the cron was right, the learned pre-warm raises the same replicas at "
+        "the same time, found in the history; where the peak moved a week ago it follows (the "
+        "recent days' estimate) while the cron pre-warms an hour late; a peak early today only "
+        "is news to both (no target: neither could know); on a holiday both pre-warm for a peak "
+        "that does not come. The floor is held only around a forecast rise, from a lead before "
+        "it to a lead after it, and the reactive policy sizes for the traffic once it has come: "
+        "an earlier version held the forecast's replicas all day, which cost 2.79x the cron's "
+        "replica-hours on the holiday (the forecast's level, and the capacity while only a lower "
+        "bound, charged to every hour) for the same attainment elsewhere.",
+        "",
+    ]
     return "\n".join(lines)
 
 
