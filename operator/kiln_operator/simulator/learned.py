@@ -248,7 +248,7 @@ def render_learned(rows: Sequence[Row], days: Sequence[LearnedDay], facts: str) 
         "diurnal mean, none on weekends), read as the operator reads it: a request rate every 5 "
         "minutes. `kiln-learned` is Kiln with `prewarm.learned` at its defaults and no cron, "
         "refitted hourly on the history and the day so far; `kiln` has the hand-written cron "
-        "(`0 9 * * 1-5`, 120 min, the floor for the expected peak); `kiln-reactive` neither. "
+        "(`0 9 * * 1-5`, 120 min, the floor for the expected peak); `kiln-reactive` neither.",
         "",
         "| day | cron right | policy | attainment mean (worst seed) | violation min | "
         "replica-hours | vs cron |",
