@@ -196,5 +196,6 @@ bench-cache: venv native ## The response cache: the same runtime with and withou
 # ---- autoscaling ----
 bench-autoscaling: venv ## Kiln's autoscaler vs HPA, KEDA, Knative, oracles on simulated days -> docs/benchmarks/autoscaling.md
 	$(PY) -m kiln_operator.simulator bench --seeds 20 --sweep-seeds 4 --processes 2 --out docs/benchmarks
+	$(PY) -m kiln_operator.simulator bench-learned --seeds 10 --processes 2 --out docs/benchmarks
 
 .PHONY: bench-autoscaling

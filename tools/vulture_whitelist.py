@@ -57,6 +57,7 @@ _._only_a_deterministic_model_is_cached
 _._entry_fits
 _._ascending
 _._requests_cover_concurrency
+_._enough_days
 
 # pydantic fields: part of the CRD schema and written to the API server by model_dump
 # (api/v1alpha1/), or persisted in the autoscaler's state annotation (autoscaling/state.py).
@@ -68,6 +69,7 @@ _.floor_replicas
 _.active_window
 _.last_scale_time
 _.last_scale_direction
+_.next_rise_requests_per_second
 
 # Read by the unit tests, which pin them: the warm-up verdict's p50 beside its p99
 # (warmup/plan.py) and the instant a pre-warm window starts raising replicas

@@ -11,6 +11,7 @@ from datetime import datetime
 
 from kiln_operator.api.v1alpha1.autoscaling import AutoscalingSpec, PrewarmSpec, SloSpec
 from kiln_operator.autoscaling.capacity import BatchWindow
+from kiln_operator.autoscaling.learned import LearnedFit
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class MetricsObservation:
     """Why pods already asked for cannot be created or scheduled, in Kubernetes' words (the
     Deployment's ReplicaFailure, the scheduler's message); None when every one was placed.
     While set, more replicas would only add more pods that cannot run: no scale-up."""
+    learned: LearnedFit | None = None
+    """The learned pre-warm's latest fit of the request-rate history (spec.prewarm.learned
+    only); None until the history was read."""
 
 
 def metrics_problem(

@@ -9,8 +9,9 @@ placement hold and the pre-warm window's bookkeeping.
 The policy, in order (docs/autoscaling.md explains it with the PromQL behind each input):
 
 1. The floor is `minReplicas`, raised by a pre-warm window that is open or within its lead
-   time (measured cold start + margin, or the schedule's own lead); floors are capped at
-   `maxReplicas`.
+   time (measured cold start + margin, or the schedule's own lead) and by the learned
+   pre-warm's forecast over the same lead (`learned.py`); the highest wins; floors are capped
+   at `maxReplicas`.
 2. Metrics missing, stale, NaN or Prometheus down: the declared policy (`Hold`,
    `ScheduleFloor`, `Fixed`) applies and replicas never go down.
 3. Unhealthy (p99 above the SLO or queue depth per replica above its target): scale up, sized
@@ -34,12 +35,14 @@ from datetime import datetime, timedelta
 from kiln_operator.api.v1alpha1.autoscaling import (
     AutoscalingStatus,
     CapacityStatus,
+    LearnedStatus,
     ObservedMetrics,
     PrewarmSpec,
     WindowStatus,
 )
 from kiln_operator.autoscaling import reasons
 from kiln_operator.autoscaling.inputs import MetricsObservation, ScalingSpec, metrics_problem
+from kiln_operator.autoscaling.learned import learned_status
 from kiln_operator.autoscaling.schedule import Window, governing_window, require_utc, windows_at
 from kiln_operator.autoscaling.sizing import blind_proposal, sighted_proposal
 from kiln_operator.autoscaling.state import ScalerState, WindowState
@@ -55,6 +58,7 @@ class Decision:
     state: ScalerState
     metrics_available: bool
     window: WindowState | None
+    learned: LearnedStatus | None = None
 
     def status(self, observed: MetricsObservation) -> AutoscalingStatus:
         """The `status.autoscaling` object for this decision."""
@@ -91,6 +95,7 @@ class Decision:
                 requests_per_second_per_replica=round(capacity, 2),
                 measured=self.state.capacity_measured,
             ),
+            learned=self.learned,
         )
 
 
@@ -126,10 +131,27 @@ def decide(
     else:
         proposal = sighted_proposal(current, observed, spec, state, now=now, cold_start=cold_start)
 
+    learned = None
+    if spec.prewarm.learned is not None:
+        learned = learned_status(
+            observed.learned,
+            now,
+            default_lead,
+            capacity_per_replica=proposal.state.capacity_per_replica,
+            target_utilization_percent=scaling.target_utilization_percent,
+            max_replicas=scaling.max_replicas,
+        )
+        ignored = problem is not None and scaling.when_metrics_missing.policy != "ScheduleFloor"
+        if not ignored and learned.floor_replicas > floor:
+            floor, floor_reason = learned.floor_replicas, reasons.PREWARM_LEARNED
+
     desired, reason, message = proposal.replicas, proposal.reason, proposal.message
     if desired < floor:
         desired, reason = floor, floor_reason
-        message = f"{message}; raised to the floor {floor}" + _window_note(window)
+        note = _window_note(window)
+        if floor_reason == reasons.PREWARM_LEARNED and learned is not None:
+            note = f" ({learned.message})"
+        message = f"{message}; raised to the floor {floor}" + note
     if desired > scaling.max_replicas:
         desired, reason = scaling.max_replicas, reasons.MAX_REPLICAS
         message = f"{message}; capped at maxReplicas {scaling.max_replicas}"
@@ -156,6 +178,7 @@ def decide(
         state=new_state,
         metrics_available=problem is None,
         window=window_state,
+        learned=learned,
     )
 
 

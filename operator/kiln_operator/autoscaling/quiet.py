@@ -5,12 +5,12 @@ and a fresh state (the queue seen, the capacity fit). Writing each would cost tw
 per service per interval, each echoed to every watcher. These pure functions say whether the
 new status or state differs from the written one in a way that matters:
 
-- status: desired replicas, reason, metrics availability, the pre-warm window, the last
-  scale time, the ready replicas or the capacity's kind changed; traffic started or stopped;
-  or a metric left its band around the written value (`BANDS`). There is no heartbeat: at
-  1,000 steady services even one write per service per hour would be 17 writes a minute;
-  the operator's own metrics (`kiln_operator_autoscaler_evaluations_total`) say whether it
-  evaluates;
+- status: desired replicas, reason, metrics availability, the pre-warm window, the learned
+  pre-warm's floor, state or next rise, the last scale time, the ready replicas or the
+  capacity's kind changed; traffic started or stopped; or a metric left its band around the
+  written value (`BANDS`). There is no heartbeat: at 1,000 steady services even one write
+  per service per hour would be 17 writes a minute; the operator's own metrics
+  (`kiln_operator_autoscaler_evaluations_total`) say whether it evaluates;
 - a new service: nothing until its first ready replica, metrics or change of replicas;
 - state: anything `decide` needs after a restart changed (cooldowns, health since, the
   window, whether capacity is measured), or the capacity left its band. The queue last seen
@@ -77,6 +77,8 @@ def status_needs_write(written: AutoscalingStatus | None, new: AutoscalingStatus
         return True  # traffic started or stopped
     if any(BANDS[key].moved(getattr(old, key), getattr(fresh, key)) for key in BANDS):
         return True
+    if _learned_key(written) != _learned_key(new):
+        return True
     if (written.capacity is None) != (new.capacity is None):
         return True
     if written.capacity is not None and new.capacity is not None:
@@ -87,6 +89,15 @@ def status_needs_write(written: AutoscalingStatus | None, new: AutoscalingStatus
             new.capacity.requests_per_second_per_replica,
         )
     return False
+
+
+def _learned_key(status: AutoscalingStatus) -> tuple[object, ...] | None:
+    """What of the learned pre-warm's status a reader acts on: on or off and why, the floor and
+    the next rise (not the forecast's numbers, which move with every 5-minute step)."""
+    learned = status.learned
+    if learned is None:
+        return None
+    return (learned.active, learned.reason, learned.floor_replicas, learned.next_rise_at)
 
 
 _VOLATILE = {"last_queue_total", "last_observed_at", "capacity_fit", "capacity_per_replica"}

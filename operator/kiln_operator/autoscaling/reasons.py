@@ -42,6 +42,10 @@ STEADY: Final = "Steady"
 PREWARM_WINDOW: Final = "PrewarmWindow"
 """A scheduled window (open or within its lead time) sets the replica floor."""
 
+PREWARM_LEARNED: Final = "PrewarmLearned"
+"""The learned pre-warm's forecast (spec.prewarm.learned) sets the replica floor: a rise is
+forecast within the lead time, or the forecast traffic needs more than the other floors."""
+
 MIN_REPLICAS: Final = "MinReplicas"
 """The decision was raised to `minReplicas`."""
 
@@ -51,3 +55,28 @@ MAX_REPLICAS: Final = "MaxReplicas"
 METRICS_UNAVAILABLE: Final = "MetricsUnavailable"
 """Metrics are missing, stale, NaN or Prometheus is unreachable: the declared policy applies
 and replicas are never lowered."""
+
+# The learned pre-warm's reasons (status.autoscaling.learned.reason).
+
+LEARNED_FORECAST: Final = "LearnedForecast"
+"""The history fits: the forecast sets a floor (possibly 0) and names the next rise."""
+
+LEARNED_HISTORY_PENDING: Final = "LearnedHistoryPending"
+"""The request-rate history has not been read yet: the history queries are spread over the
+cycles (a bounded number per cycle), so a new service waits its turn."""
+
+LEARNED_HISTORY_UNREADABLE: Final = "LearnedHistoryUnreadable"
+"""Prometheus did not answer the history's range query (down, a timeout, an error); retried
+after the refresh interval's tenth."""
+
+LEARNED_HISTORY_SHORT: Final = "LearnedHistoryShort"
+"""Fewer days with request-rate history than `minHistoryDays`: off until there are enough."""
+
+LEARNED_NO_TRAFFIC: Final = "LearnedNoTraffic"
+"""The history holds no traffic: nothing to forecast."""
+
+LEARNED_POOR_FIT: Final = "LearnedPoorFit"
+"""The daily and weekly shape missed the history's last days by more than `maxErrorPercent`."""
+
+LEARNED_NO_CAPACITY: Final = "LearnedNoCapacity"
+"""No per-replica capacity measured yet, so a forecast rate cannot be turned into replicas."""

@@ -45,6 +45,7 @@ EVALUATION_LAG = Histogram(
 EVENT_SCALED_UP = "ScaledUp"
 EVENT_SCALED_DOWN = "ScaledDown"
 EVENT_INVALID_STATE = "InvalidAutoscalerState"
+EVENT_LEARNED_FLOOR = "LearnedFloorChanged"
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +125,14 @@ async def _evaluate(memo: Any, namespace: str, name: str) -> float:
             type="Warning",
             reason=EVENT_INVALID_STATE,
             message=evaluation.state_problem,
+        )
+    if body is not None and evaluation.learned_change:
+        await post_event(
+            memo.kube,
+            body,
+            type="Normal",
+            reason=EVENT_LEARNED_FLOOR,
+            message=evaluation.learned_change,
         )
     if body is not None and decision.desired_replicas != evaluation.previous_replicas:
         up = decision.desired_replicas > evaluation.previous_replicas

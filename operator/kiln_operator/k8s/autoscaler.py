@@ -24,6 +24,7 @@ from typing import Any
 from kiln_operator import constants
 from kiln_operator.api.v1alpha1.autoscaling import AutoscalingStatus
 from kiln_operator.autoscaling.deletion_cost import DELETION_COST_ANNOTATION, deletion_costs
+from kiln_operator.autoscaling.history import HistoryCache
 from kiln_operator.autoscaling.inputs import MetricsObservation, ScalingSpec
 from kiln_operator.autoscaling.policy import Decision, decide
 from kiln_operator.autoscaling.prometheus import PrometheusSource, observation
@@ -52,6 +53,8 @@ class Evaluation:
     previous_replicas: int
     interval_seconds: float
     state_problem: str | None = None
+    learned_change: str | None = None
+    """The learned pre-warm's floor changed (or it turned on or off): what to announce."""
 
 
 FIELD_MANAGER = "kiln-autoscaler"
@@ -104,6 +107,8 @@ class Autoscaler:
         """The profiles and policies: the spec is resolved and judged exactly as the reconcile
         resolves and judges it."""
         self.sources: dict[str, PrometheusSource] = {}
+        self.histories: dict[str, HistoryCache] = {}
+        """Per endpoint, the learned pre-warm's history reads and fits."""
         self._memory: dict[tuple[str, str], tuple[str | None, ScalerState]] = {}
         self._own_versions: dict[tuple[str, str], deque[str]] = {}
 
@@ -113,6 +118,12 @@ class Autoscaler:
             self.sources[url] = PrometheusSource(url)
         return self.sources[url]
 
+    def history(self, url: str) -> HistoryCache:
+        """The one HistoryCache of this endpoint."""
+        if url not in self.histories:
+            self.histories[url] = HistoryCache(url)
+        return self.histories[url]
+
     def is_own_write(self, namespace: str, name: str, version: str | None) -> bool:
         """Whether an InferenceService event only echoes one of the autoscaler's own writes."""
         return version is not None and version in self._own_versions.get((namespace, name), ())
@@ -121,10 +132,14 @@ class Autoscaler:
         """The service is gone: drop what was kept for it."""
         self._memory.pop((namespace, name), None)
         self._own_versions.pop((namespace, name), None)
+        for history in self.histories.values():
+            history.forget((namespace, name))
 
     def close(self) -> None:
         for source in self.sources.values():
             source.close()
+        for history in self.histories.values():
+            history.close()
 
     def _written(self, namespace: str, name: str, body: dict[str, Any]) -> None:
         self.cache.store(INFERENCE_SERVICES.plural, body)
@@ -168,10 +183,18 @@ class Autoscaler:
         )
         cold_start = summarize(pods).cold_start_p90_seconds
         placement = placement_failure(deployment, pods)
+        learned_spec = spec.prewarm.learned
+        if learned_spec is not None and url:
+            learned = self.history(url).fit_for((namespace, name), learned_spec, now)
+        else:
+            learned = None
+            for history in self.histories.values():
+                history.forget((namespace, name))
         observed = dataclasses.replace(
             observed,
             cold_start_seconds=cold_start,
             placement_failure=None if placement is None else placement.message,
+            learned=learned,
         )
 
         annotations = body["metadata"].get("annotations") or {}
@@ -236,6 +259,7 @@ class Autoscaler:
             previous_replicas=current,
             interval_seconds=float(spec.autoscaling.evaluation_interval_seconds),
             state_problem=state_problem,
+            learned_change=learned_change(said, new_status),
         )
 
     async def _observe(
@@ -277,6 +301,23 @@ class Autoscaler:
                 {"metadata": {"annotations": {DELETION_COST_ANNOTATION: str(cost)}}},
             )
             self.cache.store(PODS.plural, written)
+
+
+def learned_change(written: Any, new: AutoscalingStatus) -> str | None:
+    """What to announce when the learned pre-warm's floor changed, or it turned on or off,
+    since the written status; None when nothing did (or the service does not opt in)."""
+    learned = new.learned
+    if learned is None:
+        return None
+    before = (written or {}).get("learned") if isinstance(written, dict) else None
+    before = before if isinstance(before, dict) else {}
+    old_floor = int(before.get("floorReplicas") or 0)
+    same = bool(before.get("active")) == learned.active and old_floor == learned.floor_replicas
+    if same and (learned.active or before.get("reason") == learned.reason):
+        return None
+    if not learned.active:
+        return f"learned pre-warm off ({learned.reason}): {learned.message}"
+    return f"learned floor {old_floor} -> {learned.floor_replicas}: {learned.message}"
 
 
 def _parsed_status(written: Any) -> AutoscalingStatus | None:

@@ -8,14 +8,21 @@ benchmark sweeps (`knob`).
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
 from numpy.typing import NDArray
 
-from kiln_operator.api.v1alpha1.autoscaling import AutoscalingSpec, PrewarmSpec, SloSpec
+from kiln_operator.api.v1alpha1.autoscaling import (
+    AutoscalingSpec,
+    LearnedPrewarmSpec,
+    PrewarmSpec,
+    SloSpec,
+)
 from kiln_operator.autoscaling.inputs import MetricsObservation, ScalingSpec
+from kiln_operator.autoscaling.learned import LearnedFit
 from kiln_operator.autoscaling.policy import decide
 from kiln_operator.autoscaling.schedule import starts_between
 from kiln_operator.autoscaling.state import ScalerState
@@ -44,6 +51,9 @@ class KilnPolicy:
     """Kiln's `decide`, every `evaluationIntervalSeconds`, on Prometheus-shaped inputs: the same
     signals the operator reads, the batch counters for its capacity estimate included.
 
+    With `learned` (spec.prewarm.learned) and `history` (the fit the operator's history cache
+    would hold at a simulated second), the learned pre-warm runs too.
+
     Knob: `targetUtilizationPercent`.
     """
 
@@ -60,6 +70,8 @@ class KilnPolicy:
         cold_start_seconds: float,
         max_batch_size: int,
         target_utilization_percent: int = 75,
+        learned: LearnedPrewarmSpec | None = None,
+        history: Callable[[float], LearnedFit | None] | None = None,
     ) -> None:
         autoscaling = AutoscalingSpec(
             min_replicas=min_replicas,
@@ -77,9 +89,10 @@ class KilnPolicy:
                         "minReplicas": schedule.floor,
                     }
                     for schedule in schedules
-                ]
+                ],
             }
-        )
+        ).model_copy(update={"learned": learned})
+        self.history = history
         self.spec = ScalingSpec(
             slo=SloSpec(p99_latency_milliseconds=slo_seconds * 1000.0),
             autoscaling=autoscaling,
@@ -95,6 +108,7 @@ class KilnPolicy:
     def desired(self, snapshot: Snapshot) -> int:
         """One evaluation of the operator's timer."""
         view, now = snapshot.prometheus, snapshot.now
+        learned = self.history(now) if self.history is not None else None
         try:
             observation = MetricsObservation(
                 ready_replicas=snapshot.ready,
@@ -104,12 +118,14 @@ class KilnPolicy:
                 requests_per_second=view.request_rate(now, self.window),
                 cold_start_seconds=self.cold_start_seconds,
                 batches=view.batch_window(now, self.window),
+                learned=learned,
             )
         except PrometheusDown as error:
             observation = MetricsObservation(
                 ready_replicas=snapshot.ready,
                 metrics_error=str(error),
                 cold_start_seconds=self.cold_start_seconds,
+                learned=learned,
             )
         decision = decide(snapshot.current, observation, self.spec, self.state, _at(now))
         self.state = decision.state

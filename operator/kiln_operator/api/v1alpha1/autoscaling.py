@@ -18,7 +18,15 @@ from pydantic import Field, field_validator, model_validator
 
 from kiln_operator.api.v1alpha1.base import ApiModel
 
-__all__ = ["AutoscalingSpec", "AutoscalingStatus", "CapacityStatus", "PrewarmSpec", "SloSpec"]
+__all__ = [
+    "AutoscalingSpec",
+    "AutoscalingStatus",
+    "CapacityStatus",
+    "LearnedPrewarmSpec",
+    "LearnedStatus",
+    "PrewarmSpec",
+    "SloSpec",
+]
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 
@@ -198,6 +206,32 @@ class PrewarmSchedule(ApiModel):
         return value
 
 
+class LearnedPrewarmSpec(ApiModel):
+    """Pre-warming learned from the service's own request-rate history in Prometheus: the
+    daily and weekly shape of its traffic, forecast a lead time ahead, raises the replica floor
+    before a forecast rise (docs/autoscaling.md, "Learned pre-warm")."""
+
+    history_days: Annotated[int, Field(ge=7, le=28)] = 14
+    """Days of `kiln_requests_total` history read (every 5 minutes) to fit the shape."""
+
+    min_history_days: Annotated[int, Field(ge=2, le=28)] = 7
+    """Days with traffic data the history must hold before the forecast is used; with fewer
+    the learned floor stays off and the status says why."""
+
+    max_error_percent: Annotated[int, Field(ge=1, le=100)] = 40
+    """The fit is checked by forecasting each of the history's last days from the days before
+    it: above this error (absolute error over traffic, in percent) the learned floor stays off."""
+
+    @model_validator(mode="after")
+    def _enough_days(self) -> "LearnedPrewarmSpec":
+        if self.min_history_days > self.history_days:
+            raise ValueError(
+                f"minHistoryDays ({self.min_history_days}) must be <= historyDays "
+                f"({self.history_days})"
+            )
+        return self
+
+
 class PrewarmSpec(ApiModel):
     """Scheduled pre-warming: replica floors raised ahead of known bursts."""
 
@@ -209,6 +243,10 @@ class PrewarmSpec(ApiModel):
 
     assumed_cold_start_seconds: Annotated[int, Field(ge=0, le=7200)] = 300
     """The cold-start time assumed until the warm-up gate has measured one."""
+
+    learned: LearnedPrewarmSpec | None = None
+    """Opt-in: also raise the floor ahead of rises forecast from the request-rate history (no
+    cron to write). Schedules still apply; the higher floor wins."""
 
     @field_validator("schedules")
     @classmethod
@@ -261,6 +299,34 @@ class WindowStatus(ApiModel):
     """Whether the floor's replicas were all ready when the window opened; unknown until then."""
 
 
+class LearnedStatus(ApiModel):
+    """What the learned pre-warm forecast and the floor it implies, or why it is off."""
+
+    active: bool
+    """True while the forecast is used; false with `reason` saying why it is off."""
+
+    reason: Annotated[str, Field(max_length=64)]
+    """A CamelCase reason (see docs/autoscaling.md)."""
+
+    message: Annotated[str, Field(max_length=512)] = ""
+    """The forecast and the floor, or why it is off, for humans."""
+
+    floor_replicas: Annotated[int, Field(ge=0)] = 0
+    """The replica floor the forecast implies now (0 while off)."""
+
+    next_rise_at: datetime | None = None
+    """When the next forecast rise begins (UTC), within the next day."""
+
+    next_rise_requests_per_second: Annotated[float | None, Field(ge=0)] = None
+    """The request rate forecast for that rise."""
+
+    raise_from: datetime | None = None
+    """When the floor for that rise is raised: the rise less the lead (cold start + margin)."""
+
+    fitted_at: datetime | None = None
+    """When the history was last read and fitted."""
+
+
 class CapacityStatus(ApiModel):
     """What one replica serves at full batches, as the autoscaler measured it."""
 
@@ -300,6 +366,9 @@ class AutoscalingStatus(ApiModel):
 
     capacity: CapacityStatus | None = None
     """Per-replica capacity the decision was sized with; absent until traffic was seen."""
+
+    learned: LearnedStatus | None = None
+    """The learned pre-warm's forecast and floor (only with spec.prewarm.learned)."""
 
     updated_at: datetime | None = None
     """When the autoscaler last wrote this status. It writes only when something a reader would
