@@ -330,6 +330,15 @@ class Reconciler:
             )
             return
         api = spec.route.api
+        if spec.route.enabled and api == "GatewayAPI" and not gateway_api:
+            outcome.child_problems.append(
+                ChildProblem(
+                    constants.REASON_CHILD_REJECTED,
+                    f"spec.route.api is GatewayAPI but the cluster does not serve {HTTP_ROUTE_CRD}"
+                    ": install the Gateway API's CRDs, or set route.api to Auto or Ingress",
+                )
+            )
+            return
         use_gateway = api == "GatewayAPI" or (api == "Auto" and gateway_api)
         wanted: list[tuple[Resource, str, Manifest | None]] = [
             (INGRESSES, "Ingress", None if use_gateway else build_ingress(spec, owner)),

@@ -556,3 +556,13 @@ async def test_without_the_gateway_api_the_route_is_an_ingress() -> None:
     assert ("create", "ingresses") in kube.writes
     assert not [w for w in kube.writes if w[1] in ("httproutes", "grpcroutes")]
     assert live(kube, INGRESSES)["spec"]["rules"][0]["host"] == "mlp.vision.models.example.com"
+
+
+async def test_gateway_api_asked_for_on_a_cluster_without_it_is_reported() -> None:
+    kube = FakeKube()
+    add_service(kube, spec_with(route={**ROUTE, "api": "GatewayAPI"}))
+    outcome = await reconciler(kube).reconcile(NAMESPACE, "mlp")
+    (problem,) = outcome.child_problems
+    assert problem.reason == constants.REASON_CHILD_REJECTED
+    assert "does not serve httproutes.gateway.networking.k8s.io" in problem.message
+    assert not [w for w in kube.writes if w[1] in ("httproutes", "grpcroutes", "ingresses")]
