@@ -27,6 +27,7 @@ from tests.integration.operator.conftest import (
     apply,
     get,
     gpu_service,
+    wait_condition,
 )
 
 pytestmark = pytest.mark.integration
@@ -372,3 +373,19 @@ def test_an_ingress_is_the_route_where_asked_for(
         "name": "plain",
         "port": {"number": 8000},
     }
+
+
+def test_what_only_the_api_server_checks_of_a_kubernetes_type_reaches_ready(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """A weight outside 1-100 fits the schema (Kubernetes' own has no range); the API server
+    refuses the Deployment, and Ready says so with its message naming the field."""
+    term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"a": "b"}}}
+    anti = {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 0, "podAffinityTerm": term}]
+    }
+    apply(cluster, namespace, gpu_service("weighed", pod={"affinity": {"podAntiAffinity": anti}}))
+    ready = wait_condition(
+        cluster, namespace, name="weighed", kind="Ready", status="False", reason="ChildRejected"
+    )
+    assert "weight" in ready["message"], ready["message"]
