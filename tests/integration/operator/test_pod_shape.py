@@ -2,9 +2,10 @@
 
 Each pod field reaches the pods the Deployment controller makes; the real scheduler honours the
 node affinity and the topology spread over kwok nodes this test creates (so no other test's pods
-share them), and preempts a lower-priority service's pod for a higher-priority one. The image
-pull secret is verified as far as this cluster can: it is in every pod's spec, admitted by the
-API server; kwok's nodes pull nothing and no registry is reachable here, so no kubelet uses it.
+share them), and preempts a lower-priority service's pod for a higher-priority one; a changed
+pod field rolls the pods. The image pull secret is verified as far as this cluster can: it is in
+every pod's spec, admitted by the API server; kwok's nodes pull nothing and no registry is
+reachable here, so no kubelet uses it.
 The routes are created by the operator, accepted by the pinned Gateway API CRDs (their schema
 and CEL rules), read back with the CRDs' defaults, and a route status written as a Gateway
 controller would is accepted and left alone by Kiln. No Gateway implementation runs here.
@@ -47,21 +48,23 @@ def pods_of(cluster: Cluster, namespace: str, service: str) -> list[dict[str, An
     return [pod for pod in listed["items"] if not pod["metadata"].get("deletionTimestamp")]
 
 
+NODE_GPUS = (4, 1, 4)
+"""GPUs of this test's three nodes: the first two are the ones the affinity allows."""
+
+
 @pytest.fixture
 def shape_nodes(cluster: Cluster, namespace: str) -> Iterator[list[str]]:
-    """Three kwok GPU nodes of this test alone (1 GPU each), labelled with its namespace."""
+    """Three kwok GPU nodes of this test alone (NODE_GPUS), labelled with its namespace."""
     nodes = []
-    for index in range(3):
-        node = build_gpu_node(
-            200 + index, gpus=1, product="NVIDIA-TEST", pod_cidr="10.244.200.0/24"
-        )
+    for index, gpus in enumerate(NODE_GPUS):
+        # kwok gives pods addresses from the node's range, inside the cluster's pod range
+        cidr = f"10.244.{200 + index}.0/24"
+        node = build_gpu_node(200 + index, gpus=gpus, product="NVIDIA-TEST", pod_cidr=cidr)
         name = f"shape-{namespace[-6:]}-{index}"
         node["metadata"]["name"] = name
         node["metadata"]["labels"]["kubernetes.io/hostname"] = name
         node["metadata"]["labels"][TEST_LABEL] = namespace
         del node["metadata"]["labels"]["type"]  # not one of the session's fake nodes (FAKE_NODES)
-        node["spec"]["podCIDR"] = f"10.244.{200 + index}.0/24"
-        node["spec"]["podCIDRs"] = [node["spec"]["podCIDR"]]
         nodes.append(node)
     kubectl_apply(cluster, *nodes)
     names = [node["metadata"]["name"] for node in nodes]
@@ -163,18 +166,33 @@ def test_every_pod_field_reaches_the_pods_and_the_scheduler_honours_placement(
         "imagePullSecrets": [{"name": "registry-creds"}],
         "serviceAccountName": "model-reader",
     }
-    manifest = gpu_service("shaped", pod=pod, autoscaling={"minReplicas": 2, "maxReplicas": 2})
+    manifest = gpu_service("shaped", pod=pod, autoscaling={"minReplicas": 4, "maxReplicas": 4})
     apply(cluster, namespace, on_shape_nodes(manifest, namespace))
 
-    def two_bound() -> list[dict[str, Any]] | None:
+    # 4 replicas, 1 GPU each, on nodes of 4 and 1 GPUs: GPUs alone would allow 3 + 1; the
+    # spread (maxSkew 1) allows 2 + 1, and the fourth pod waits for a place that keeps it
+    def placed() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
         found = pods_of(cluster, namespace, "shaped")
         bound = [p for p in found if p["spec"].get("nodeName")]
-        return bound if len(bound) == 2 else None
+        waiting = [
+            p
+            for p in found
+            if any(
+                c["type"] == "PodScheduled" and c["status"] == "False"
+                for c in (p.get("status") or {}).get("conditions") or []
+            )
+        ]
+        return (bound, waiting) if len(bound) == 3 and len(waiting) == 1 else None
 
-    bound = wait_for(two_bound, timeout=90, description="both replicas scheduled")
-    # affinity keeps them off the third node; the spread puts one on each allowed node
-    assert sorted(p["spec"]["nodeName"] for p in bound) == sorted(allowed)
-    for runtime_pod in bound:
+    bound, waiting = wait_for(placed, timeout=90, description="3 replicas placed, 1 waiting")
+    nodes = sorted(p["spec"]["nodeName"] for p in bound)
+    assert nodes == sorted([allowed[0], allowed[0], allowed[1]])  # never the third node
+    (unplaced,) = waiting
+    reason = next(
+        c["message"] for c in unplaced["status"]["conditions"] if c["type"] == "PodScheduled"
+    )
+    assert "topology spread constraints" in reason, reason
+    for runtime_pod in bound + waiting:
         spec = runtime_pod["spec"]
         assert spec["priorityClassName"] == classes["high"]
         assert spec["priority"] == 100000  # resolved by the Priority admission plugin
@@ -189,22 +207,32 @@ def test_every_pod_field_reaches_the_pods_and_the_scheduler_honours_placement(
         (spread,) = spec["topologySpreadConstraints"]
         assert spread["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "shaped"
 
-    # a change of a pod field rolls the pods (a new ReplicaSet), as any change of the spec
-    before = {p["metadata"]["labels"]["pod-template-hash"] for p in bound}
-    manifest["spec"]["pod"] = {**pod, "labels": {"cost-center": "ml-43"}}
-    apply(cluster, namespace, on_shape_nodes(manifest, namespace))
 
-    def rolled() -> bool:
-        hashes = {
-            p["metadata"]["labels"]["pod-template-hash"]
-            for p in pods_of(cluster, namespace, "shaped")
-        }
-        return bool(hashes) and not hashes & before
+def test_a_changed_pod_field_rolls_the_pods(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    manifest = gpu_service("relabel", pod={"labels": {"cost-center": "ml-42"}})
+    apply(cluster, namespace, manifest)
+    first = wait_for(
+        lambda: next(iter(pods_of(cluster, namespace, "relabel")), None),
+        timeout=60,
+        description="the first pod",
+    )
+    manifest["spec"]["pod"] = {"labels": {"cost-center": "ml-43"}}
+    apply(cluster, namespace, manifest)
 
-    wait_for(rolled, timeout=120, description="the pods rolled to the new template")
-    assert {
-        p["metadata"]["labels"]["cost-center"] for p in pods_of(cluster, namespace, "shaped")
-    } == {"ml-43"}
+    def rolled() -> list[dict[str, Any]] | None:
+        found = pods_of(cluster, namespace, "relabel")
+        names = {p["metadata"]["name"] for p in found}
+        if first["metadata"]["name"] in names or not found:
+            return None
+        return found
+
+    # a new ReplicaSet's pod replaced the old one, as for any change of the spec
+    (second,) = wait_for(rolled, timeout=120, description="the pod replaced")
+    assert second["metadata"]["labels"]["cost-center"] == "ml-43"
+    hashes = {p["metadata"]["labels"]["pod-template-hash"] for p in (first, second)}
+    assert len(hashes) == 2
 
 
 def test_a_higher_priority_service_preempts_a_lower_one(
@@ -214,7 +242,7 @@ def test_a_higher_priority_service_preempts_a_lower_one(
     shape_nodes: list[str],
     classes: dict[str, str],
 ) -> None:
-    target = shape_nodes[0]
+    target = shape_nodes[1]  # one GPU
     only_there = {"nodeSelector": {TEST_LABEL: namespace, "kubernetes.io/hostname": target}}
     low = gpu_service("batch", pod={"priorityClassName": classes["low"]})
     low["spec"]["resources"].update(only_there)  # replaces gpu_service's FAKE_NODES
