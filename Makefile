@@ -119,13 +119,18 @@ docs: ## Render docs/architecture.svg from docs/architecture.dot (Graphviz's dot
 	@command -v dot >/dev/null || { echo "make docs needs Graphviz's dot: apt-get install -y graphviz"; exit 1; }
 	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
 
-.PHONY: help venv lock system-deps cluster-binaries cluster-up cluster-down docker-up lint typecheck check test test-unit native clean-native test-runtime-pure demo e2e e2e-kind image-operator docs
+.PHONY: help venv lock kube-schemas system-deps cluster-binaries cluster-up cluster-down docker-up lint typecheck check test test-unit native clean-native test-runtime-pure demo e2e e2e-kind image-operator docs
 
 # ---- operator ----
 KUBECTL = $$(bash e2e/cluster/binaries.sh)/kubectl
 
 crds: venv ## Regenerate crds/ (CRDs + kustomization) and the Helm chart's copies from the pydantic models
 	$(GENERATE_CRDS)
+
+kube-schemas: venv ## Re-extract operator/kiln_operator/api/kubernetes_openapi.json from the pinned Kubernetes module's OpenAPI document
+	. e2e/cluster/versions.env && dir=$$(go mod download -json k8s.io/kubernetes@$$KUBERNETES_VERSION | $(PY) -c 'import json,sys; print(json.load(sys.stdin)["Dir"])') && \
+	  $(PY) -m kiln_operator.api.kubeschemas --openapi $$dir/api/openapi-spec/v3/api__v1_openapi.json \
+	    --source "k8s.io/kubernetes $$KUBERNETES_VERSION api/openapi-spec/v3/api__v1_openapi.json"
 
 run-operator: venv ## Run the operator in the foreground against $KUBECONFIG (default: the local cluster)
 	$(KUBECTL) apply -k crds/

@@ -40,3 +40,8 @@ def kubectl() -> Path:
     """The local cluster's pinned kubectl (its `kustomize` renders the kustomize base)."""
     directory = _resolve(["bash", str(REPO / "e2e" / "cluster" / "binaries.sh")], "kubectl")
     return Path(directory) / "kubectl"
+
+
+def gateway_api_crds() -> Path:
+    """The directory of the pinned Gateway API's standard-channel CRDs (e2e/gotools)."""
+    return go_tool("gateway-api-crds")

@@ -58,6 +58,11 @@ _._entry_fits
 _._ascending
 _._requests_cover_concurrency
 _._enough_days
+_._one_service_account
+_._kiln_labels_are_kilns
+_._kiln_annotations_are_kilns
+_._kiln_env_is_kilns
+_._complete_when_enabled
 
 # pydantic fields: part of the CRD schema and written to the API server by model_dump
 # (api/v1alpha1/), or persisted in the autoscaler's state annotation (autoscaling/state.py).

@@ -5,6 +5,8 @@
 #   build.sh kstatus        kstatus/ : the kstatus library behind a command (JSON in, verdicts out)
 #   build.sh argocd-health  argocdhealth/ : a compiled `go test` binary running Argo CD's own Lua
 #                           evaluation over manifests/argocd/resource_customizations
+#   build.sh gateway-api-crds  the Gateway API's standard-channel CRDs of $GATEWAY_API_VERSION,
+#                           from the sigs.k8s.io/gateway-api module (a directory of YAML files)
 #
 # Why it exists: these are large Go builds (Argo CD's module graph takes many minutes on 2 cores);
 # each is built once per pinned version and source, like e2e/cluster/binaries.sh does for the
@@ -23,10 +25,11 @@ export GOTOOLCHAIN=${GOTOOLCHAIN:-auto} GOFLAGS="-mod=readonly -buildvcs=false" 
 tool=${1:-}
 case "$tool" in
   helm) key=$HELM_VERSION ;;
+  gateway-api-crds) key=$GATEWAY_API_VERSION ;;
   kstatus | argocd-health)
     src="$here/${tool/argocd-health/argocdhealth}"
     key=$(cd "$src" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-16) ;;
-  *) echo "usage: build.sh helm|kstatus|argocd-health" >&2; exit 2 ;;
+  *) echo "usage: build.sh helm|kstatus|argocd-health|gateway-api-crds" >&2; exit 2 ;;
 esac
 cache_root="${KILN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln}/gotools"
 entry="$cache_root/$tool-$key"
@@ -52,6 +55,13 @@ case "$tool" in
     (cd "$src" && go build -ldflags "-s -w" -o "$staging/$tool" .) ;;
   argocd-health)
     (cd "$src" && go test -c -ldflags "-s -w" -o "$staging/$tool" .) ;;
+  gateway-api-crds)
+    module=$(cd "$staging" && go mod download -json "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION" |
+      sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    [ -d "$module/config/crd/standard" ] || { log "no CRDs in sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION"; exit 1; }
+    mkdir "$staging/$tool"
+    cp "$module"/config/crd/standard/gateway.networking.k8s.io_*.yaml "$staging/$tool/"
+    chmod -R u+w,a+rX "$staging/$tool" ;;
 esac
 [ -x "$staging/$tool" ] || { log "no $tool produced; cache left untouched"; exit 1; }
 chmod 755 "$staging"

@@ -55,6 +55,9 @@ ANNOTATION_PROMETHEUS_PATH: Final = "prometheus.io/path"
 ANNOTATION_IMITATED_GPUS: Final = f"{GROUP}/imitated-gpus"
 """On the pod template of a GPU service while the operator's ENV_IMITATED_GPUS is on: the pods
 request GPUs but their runtime runs on CPU. Read by people (`kubectl describe pod`) and tests."""
+ANNOTATION_POD_ANNOTATIONS: Final = f"{GROUP}/pod-annotations"
+"""On the pod template of a service whose spec.pod sets annotations: their keys, so that one the
+spec drops is seen as drift and removed (other tools add template annotations of their own)."""
 
 # --- operator settings (its environment) -------------------------------------------------------
 ENV_IMITATED_GPUS: Final = "KILN_IMITATED_GPUS"

@@ -240,6 +240,11 @@ def applicable_problems(
         problems.append(check_label_value(f"spec.resources.nodeSelector[{key}]", value))
     for index, toleration in enumerate(resources.tolerations):
         problems.extend(_toleration_problems(index, toleration))
+    for key, value in spec.pod.labels.items():
+        problems.append(check_label_key("spec.pod.labels", key))
+        problems.append(check_label_value(f"spec.pod.labels[{key}]", value))
+    for key in spec.pod.annotations:  # annotation keys follow the label key grammar
+        problems.append(check_label_key("spec.pod.annotations", key))
     ceiling = spec.autoscaling.max_replicas
     for index, schedule in enumerate(spec.prewarm.schedules):
         if schedule.min_replicas > ceiling:

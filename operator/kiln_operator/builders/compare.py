@@ -10,6 +10,7 @@ from typing import Any
 
 from kiln_operator import constants
 from kiln_operator.api.validation import parse_quantity
+from kiln_operator.builders.deployment import OPTIONAL_POD_FIELDS
 from kiln_operator.builders.naming import Manifest
 
 OWNED_ANNOTATION_PREFIXES = ("prometheus.io/", f"{constants.GROUP}/")
@@ -77,9 +78,36 @@ def _has_owner(actual_meta: Manifest, desired_meta: Manifest) -> bool:
     )
 
 
+def _pod_template_drift(actual_spec: Any, desired_spec: Any) -> bool:
+    """What `covers` cannot see in a pod template: a label, an annotation of Kiln's or an
+    optional pod field (OPTIONAL_POD_FIELDS) that the live template still has after the spec
+    dropped it. Template labels are compared exactly (only the writer of a template sets them);
+    other tools' template annotations (`kubectl rollout restart`) are not judged."""
+    if not isinstance(actual_spec, dict) or not isinstance(desired_spec, dict):
+        return False
+    actual_template = actual_spec.get("template") or {}
+    desired_template = desired_spec.get("template")
+    if not isinstance(desired_template, dict):
+        return False
+    live_meta = actual_template.get("metadata") or {}
+    wanted_meta = desired_template.get("metadata") or {}
+    if (live_meta.get("labels") or {}) != (wanted_meta.get("labels") or {}):
+        return True
+    live_annotations = _owned_annotations(live_meta.get("annotations") or {})
+    if live_annotations != _owned_annotations(wanted_meta.get("annotations") or {}):
+        return True
+    live_pod = actual_template.get("spec") or {}
+    wanted_pod = desired_template.get("spec") or {}
+    return any(
+        not _empty(live_pod.get(key)) and key not in wanted_pod for key in OPTIONAL_POD_FIELDS
+    )
+
+
 def needs_update(actual: Manifest, desired: Manifest) -> bool:
     """Whether the live object must be written to match the desired one."""
     actual_meta, desired_meta = actual.get("metadata", {}), desired.get("metadata", {})
+    if _pod_template_drift(actual.get("spec"), desired.get("spec")):
+        return True
     if not covers(actual_meta.get("labels") or {}, desired_meta.get("labels", {})):
         return True
     live_annotations = _owned_annotations(actual_meta.get("annotations") or {})

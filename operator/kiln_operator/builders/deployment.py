@@ -17,6 +17,7 @@ from typing import Any
 
 from kiln_operator import constants
 from kiln_operator.api.v1alpha1 import InferenceServiceSpec
+from kiln_operator.api.v1alpha1.kube import wire
 from kiln_operator.api.v1alpha1.model import CACHE_ROOT, FETCH_ROOT, ModelStorage
 from kiln_operator.builders.naming import Manifest, Owner, child_labels, selector_labels
 from kiln_operator.builders.runtime_config import render_runtime_config
@@ -51,6 +52,48 @@ def _gpu_placement(spec: InferenceServiceSpec) -> tuple[dict[str, str], list[Man
         for toleration in resources.tolerations
     )
     return node_selector, tolerations
+
+
+def _extra_env(spec: InferenceServiceSpec) -> list[Manifest]:
+    """spec.pod.env, after Kiln's own variables (validation refuses KILN_ names)."""
+    return [wire(variable) for variable in spec.pod.env]
+
+
+OPTIONAL_POD_FIELDS = (
+    "serviceAccountName",
+    "priorityClassName",
+    "runtimeClassName",
+    "imagePullSecrets",
+    "affinity",
+    "topologySpreadConstraints",
+)
+"""Pod spec fields present only when the spec sets them (so a Deployment built before they
+existed is unchanged): one left live after the spec dropped it is drift (builders/compare.py)."""
+
+
+def _spread(spec: InferenceServiceSpec, owner: Owner) -> list[Manifest]:
+    """spec.pod.topologySpreadConstraints; one without a labelSelector counts this service's
+    own pods, so a profile can spread every service without naming one."""
+    constraints = []
+    for constraint in spec.pod.topology_spread_constraints:
+        rendered = wire(constraint)
+        rendered.setdefault("labelSelector", {"matchLabels": selector_labels(owner.name)})
+        constraints.append(rendered)
+    return constraints
+
+
+def _pod_settings(spec: InferenceServiceSpec, owner: Owner) -> Manifest:
+    """The OPTIONAL_POD_FIELDS the spec sets."""
+    pod = spec.pod
+    fields: Manifest = {
+        "serviceAccountName": spec.service_account_name(),
+        "priorityClassName": pod.priority_class_name,
+        "runtimeClassName": pod.runtime_class_name,
+        "imagePullSecrets": [wire(secret) for secret in pod.image_pull_secrets],
+        "affinity": wire(pod.affinity) if pod.affinity is not None else None,
+        "topologySpreadConstraints": _spread(spec, owner),
+    }
+    return {key: value for key, value in fields.items() if value}
 
 
 def _resources(spec: InferenceServiceSpec) -> Manifest:
@@ -136,6 +179,7 @@ def _fetch_container(spec: InferenceServiceSpec) -> Manifest:
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": ["python", "-m", "kiln_runtime", "fetch"],
         "args": args,
+        **({"env": _extra_env(spec)} if spec.pod.env else {}),
         # The runtime's own CPU and memory: the pod's request stays what the runtime asks.
         "resources": {
             "requests": {"cpu": spec.resources.cpu, "memory": spec.resources.memory},
@@ -206,6 +250,7 @@ def _container(spec: InferenceServiceSpec, owner: Owner, imitated_gpus: bool) ->
                 ),
             },
             *_cache_credentials(spec),
+            *_extra_env(spec),
         ],
         "ports": [
             {
@@ -291,9 +336,7 @@ def build_pod_spec(
         "volumes": _volumes(spec),
     }
     pod["initContainers"] = [_fetch_container(spec)] if spec.model.is_fetched else []
-    storage = spec.model.storage
-    if storage is not None and storage.service_account_name is not None:
-        pod["serviceAccountName"] = storage.service_account_name
+    pod.update(_pod_settings(spec, owner))
     # Optional parts are always present, empty when unused, so that removing them from the
     # spec removes them from the live Deployment (an empty desired value must be empty live).
     pod["readinessGates"] = (
@@ -305,18 +348,26 @@ def build_pod_spec(
 
 
 def _template_metadata(spec: InferenceServiceSpec, owner: Owner, imitated_gpus: bool) -> Manifest:
-    metadata: Manifest = {"labels": child_labels(owner.name)}
+    # Kiln's labels last: validation refuses spec.pod.labels that would replace one.
+    metadata: Manifest = {"labels": {**spec.pod.labels, **child_labels(owner.name)}}
+    annotations: dict[str, str] = dict(spec.pod.annotations)
+    if annotations:
+        # Which live annotations are the spec's: one dropped from the spec changes this value,
+        # and Kiln's own template annotations are compared exactly (builders/compare.py).
+        annotations[constants.ANNOTATION_POD_ANNOTATIONS] = ",".join(sorted(annotations))
     if imitated_gpus and spec.resources.gpu_count > 0:
         # Only when set: an empty desired map would demand that the live one be empty, and
         # `kubectl rollout restart` writes its own annotation there. Turning the setting off
         # changes the runtime config too, so that update replaces the template, annotation and all.
-        metadata["annotations"] = {
+        annotations |= {
             constants.ANNOTATION_IMITATED_GPUS: (
                 f"requests {spec.resources.gpu_count} {constants.GPU_RESOURCE} but runs on CPU: "
                 f"the operator's {constants.ENV_IMITATED_GPUS} declares this cluster's GPUs "
                 "imitated"
             )
         }
+    if annotations:
+        metadata["annotations"] = annotations
     return metadata
 
 

@@ -35,6 +35,12 @@ from kiln_operator.builders import (
 from kiln_operator.builders.compare import build_update, needs_update
 from kiln_operator.builders.naming import Manifest, grpc_address, http_url, label_selector_string
 from kiln_operator.builders.pdb import wants_pdb
+from kiln_operator.builders.route import (
+    HTTP_ROUTE_CRD,
+    build_grpc_route,
+    build_http_route,
+    build_ingress,
+)
 from kiln_operator.constants import MANAGER
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, KubeClient, RequestFailed
@@ -42,7 +48,10 @@ from kiln_operator.k8s.platform import PlatformObjects
 from kiln_operator.k8s.resources import (
     CRDS,
     DEPLOYMENTS,
+    GRPC_ROUTES,
+    HTTP_ROUTES,
     INFERENCE_SERVICES,
+    INGRESSES,
     PDBS,
     SERVICE_MONITOR_CRD,
     SERVICE_MONITORS,
@@ -64,6 +73,8 @@ KEEP_LIVE_SPEC = (SERVICES,)
 merges ours into it instead of replacing it."""
 CRD_PROBE_SECONDS = 60.0
 """How long the answer to "is the Prometheus Operator installed?" is reused."""
+ROUTE_RESOURCES = (HTTP_ROUTES, GRPC_ROUTES, INGRESSES)
+"""The children spec.route renders; none unless the service opts in."""
 STATUS_MANAGER = f"{MANAGER}-reconcile"
 """Field manager of the reconcile loop's status fields and conditions."""
 
@@ -108,14 +119,20 @@ class Reconciler:
         self._platform = platform if platform is not None else PlatformObjects()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._written: dict[tuple[str, str, str], str] = {}
-        self._service_monitors: tuple[float, bool] | None = None
+        self._crds: dict[str, tuple[float, bool]] = {}
+
+    async def _crd_exists(self, name: str) -> bool:
+        """Whether the cluster serves an optional kind (the Prometheus Operator's
+        ServiceMonitor, the Gateway API's HTTPRoute), asked at most every CRD_PROBE_SECONDS."""
+        now = time.monotonic()
+        known = self._crds.get(name)
+        if known is None or now - known[0] > CRD_PROBE_SECONDS:
+            known = (now, await self._kube.get(CRDS, None, name) is not None)
+            self._crds[name] = known
+        return known[1]
 
     async def _service_monitor_crd_exists(self) -> bool:
-        now = time.monotonic()
-        if self._service_monitors is None or now - self._service_monitors[0] > CRD_PROBE_SECONDS:
-            exists = await self._kube.get(CRDS, None, SERVICE_MONITOR_CRD) is not None
-            self._service_monitors = (now, exists)
-        return self._service_monitors[1]
+        return await self._crd_exists(SERVICE_MONITOR_CRD)
 
     async def _read(
         self, resource: Resource, namespace: str, name: str, fresh: bool
@@ -149,7 +166,14 @@ class Reconciler:
     def forget(self, namespace: str, name: str) -> None:
         """The InferenceService is gone or going: drop what was kept for it."""
         self._locks.pop((namespace, name), None)
-        for resource in (INFERENCE_SERVICES, DEPLOYMENTS, SERVICES, PDBS, SERVICE_MONITORS):
+        for resource in (
+            INFERENCE_SERVICES,
+            DEPLOYMENTS,
+            SERVICES,
+            PDBS,
+            SERVICE_MONITORS,
+            *ROUTE_RESOURCES,
+        ):
             self._written.pop((resource.plural, namespace, name), None)
 
     async def reconcile(self, namespace: str, name: str, *, fresh: bool = False) -> Outcome:
@@ -287,9 +311,51 @@ class Reconciler:
             async with asyncio.TaskGroup() as group:
                 written = group.create_task(deployment_and_pdb())
                 group.create_task(service_and_monitor())
+                group.create_task(self._apply_routes(spec, owner, outcome, fresh))
         except ExceptionGroup as failed:
             raise failed.exceptions[0] from None  # as a sequential reconcile would have raised
         return written.result()
+
+    async def _apply_routes(
+        self, spec: InferenceServiceSpec, owner: Owner, outcome: Outcome, fresh: bool
+    ) -> None:
+        """The routes spec.route asks for (Gateway API routes, or the Ingress fallback), each
+        created or corrected like every child; one of Kiln's the spec no longer asks for is
+        deleted (never one Kiln did not create)."""
+        try:
+            gateway_api = await self._crd_exists(HTTP_ROUTE_CRD)
+        except RequestFailed as error:
+            outcome.child_problems.append(
+                _failure(f"CustomResourceDefinition {HTTP_ROUTE_CRD}", error)
+            )
+            return
+        api = spec.route.api
+        if spec.route.enabled and api == "GatewayAPI" and not gateway_api:
+            outcome.child_problems.append(
+                ChildProblem(
+                    constants.REASON_CHILD_REJECTED,
+                    f"spec.route.api is GatewayAPI but the cluster does not serve {HTTP_ROUTE_CRD}"
+                    ": install the Gateway API's CRDs, or set route.api to Auto or Ingress",
+                )
+            )
+            return
+        use_gateway = api == "GatewayAPI" or (api == "Auto" and gateway_api)
+        wanted: list[tuple[Resource, str, Manifest | None]] = [
+            (INGRESSES, "Ingress", None if use_gateway else build_ingress(spec, owner)),
+        ]
+        if use_gateway or gateway_api:  # without the kinds there is nothing of Kiln's to delete
+            wanted.append(
+                (HTTP_ROUTES, "HTTPRoute", build_http_route(spec, owner) if use_gateway else None)
+            )
+            wanted.append(
+                (GRPC_ROUTES, "GRPCRoute", build_grpc_route(spec, owner) if use_gateway else None)
+            )
+        for resource, kind, desired in wanted:
+            if desired is not None:
+                await self._ensure(resource, owner, desired, outcome, fresh)
+            else:
+                removal = self._remove(resource, owner, outcome, fresh)
+                await self._reported(removal, kind, owner, outcome)
 
     async def _reported(
         self, step: Awaitable[Manifest | None], kind: str, owner: Owner, outcome: Outcome

@@ -7,7 +7,7 @@ version and plural, named here once so no caller spells a URL.
 from dataclasses import dataclass
 
 from kiln_operator import constants
-from kiln_operator.builders import service_monitor
+from kiln_operator.builders import route, service_monitor
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,9 @@ SERVICE_MONITORS = Resource(
     service_monitor.SERVICE_MONITOR_VERSION,
     service_monitor.SERVICE_MONITOR_PLURAL,
 )
+HTTP_ROUTES = Resource(route.GATEWAY_GROUP, route.GATEWAY_VERSION, route.HTTP_ROUTE_PLURAL)
+GRPC_ROUTES = Resource(route.GATEWAY_GROUP, route.GATEWAY_VERSION, route.GRPC_ROUTE_PLURAL)
+INGRESSES = Resource("networking.k8s.io", "v1", "ingresses")
 INFERENCE_SERVICES = Resource(constants.GROUP, constants.VERSION, constants.PLURAL)
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False)
 SERVICE_MONITOR_CRD = (

@@ -177,6 +177,52 @@ def _policy_violations(spec: InferenceServiceSpec, policy: Policy) -> list[str]:
             f"{label}: spec.model.uri reads claim {claim!r}, not one of allowedModelClaims "
             f"{limits.allowed_model_claims}"
         )
+    return problems + _pod_violations(spec, policy)
+
+
+DEFAULT_SERVICE_ACCOUNT = "default"
+"""What a pod runs as when its spec names no ServiceAccount."""
+
+
+def _pod_violations(spec: InferenceServiceSpec, policy: Policy) -> list[str]:
+    """The rules on spec.pod: priority and runtime classes, required labels, service accounts."""
+    limits, label, pod = policy.spec, policy.label, spec.pod
+    problems: list[str] = []
+    priority = pod.priority_class_name
+    if (
+        priority is not None
+        and limits.allowed_priority_classes is not None
+        and priority not in limits.allowed_priority_classes
+    ):
+        problems.append(
+            f"{label}: spec.pod.priorityClassName {priority!r} is not one of "
+            f"allowedPriorityClasses {limits.allowed_priority_classes}"
+        )
+    runtime = pod.runtime_class_name
+    if (
+        runtime is not None
+        and limits.allowed_runtime_classes is not None
+        and runtime not in limits.allowed_runtime_classes
+    ):
+        problems.append(
+            f"{label}: spec.pod.runtimeClassName {runtime!r} is not one of "
+            f"allowedRuntimeClasses {limits.allowed_runtime_classes}"
+        )
+    missing = [key for key in limits.required_pod_labels or () if key not in pod.labels]
+    if missing:
+        problems.append(
+            f"{label}: spec.pod.labels lacks {missing}, which requiredPodLabels "
+            f"{limits.required_pod_labels} asks every service to set"
+        )
+    account = spec.service_account_name()
+    runs_as = account if account is not None else DEFAULT_SERVICE_ACCOUNT
+    if runs_as in (limits.forbidden_service_accounts or ()):
+        field = "spec.pod.serviceAccountName" if account is not None else "no serviceAccountName"
+        problems.append(
+            f"{label}: the pods would run as ServiceAccount {runs_as!r} ({field}), which "
+            f"forbiddenServiceAccounts {limits.forbidden_service_accounts} forbids: name "
+            "another in spec.pod.serviceAccountName"
+        )
     return problems
 
 

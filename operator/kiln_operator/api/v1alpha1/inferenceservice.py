@@ -21,8 +21,10 @@ from kiln_operator.api.v1alpha1.base import ApiModel
 from kiln_operator.api.v1alpha1.conditions import Condition
 from kiln_operator.api.v1alpha1.drain import DrainSpec
 from kiln_operator.api.v1alpha1.model import DNS_SUBDOMAIN, ModelSpec
+from kiln_operator.api.v1alpha1.pod import PodSettings
 from kiln_operator.api.v1alpha1.profile import ResolvedProfile
 from kiln_operator.api.v1alpha1.resources import ResourcesSpec
+from kiln_operator.api.v1alpha1.route import RouteSpec
 from kiln_operator.api.v1alpha1.runtime import RuntimeSpec
 from kiln_operator.api.v1alpha1.warmup import WarmupSpec, WarmupStatus
 
@@ -52,6 +54,33 @@ class InferenceServiceSpec(ApiModel):
     """Scheduled replica floors for known bursts, warmed before they start."""
     drain: DrainSpec = DrainSpec()
     """Graceful shutdown: how long in-flight requests may take to finish."""
+    pod: PodSettings = PodSettings()
+    """Pod-level settings a platform usually sets in a profile: affinity, topology spread,
+    priority and runtime class, pull secrets, service account, extra labels, annotations and
+    environment variables."""
+    route: RouteSpec = RouteSpec()
+    """Exposure outside the cluster (opt-in): Gateway API routes or an Ingress."""
+
+    @model_validator(mode="after")
+    def _one_service_account(self) -> "InferenceServiceSpec":
+        storage = self.model.storage
+        own = storage.service_account_name if storage is not None else None
+        wanted = self.pod.service_account_name
+        if own is not None and wanted is not None and own != wanted:
+            raise ValueError(
+                f"pod.serviceAccountName {wanted!r} and model.storage.serviceAccountName {own!r} "
+                "name different ServiceAccounts, and a pod runs as one: set the same name, or "
+                "only one of them"
+            )
+        return self
+
+    def service_account_name(self) -> str | None:
+        """The runtime pods' ServiceAccount: spec.pod's, else the model storage's; None: the
+        namespace's default."""
+        storage = self.model.storage
+        if self.pod.service_account_name is not None:
+            return self.pod.service_account_name
+        return storage.service_account_name if storage is not None else None
 
     @model_validator(mode="after")
     def _warmup_batches_fit(self) -> "InferenceServiceSpec":

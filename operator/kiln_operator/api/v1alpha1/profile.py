@@ -26,7 +26,9 @@ from kiln_operator.api.v1alpha1.autoscaling import AutoscalingSpec, PrewarmSpec,
 from kiln_operator.api.v1alpha1.base import ApiModel
 from kiln_operator.api.v1alpha1.drain import DrainSpec
 from kiln_operator.api.v1alpha1.partial import partial_model
+from kiln_operator.api.v1alpha1.pod import PodSettings
 from kiln_operator.api.v1alpha1.resources import ResourcesSpec
+from kiln_operator.api.v1alpha1.route import RouteSpec
 from kiln_operator.api.v1alpha1.runtime import RuntimeSpec
 from kiln_operator.api.v1alpha1.warmup import WarmupSpec
 
@@ -39,6 +41,8 @@ PartialSloSpec = partial_model(SloSpec)
 PartialAutoscalingSpec = partial_model(AutoscalingSpec)
 PartialPrewarmSpec = partial_model(PrewarmSpec, exclude=frozenset({"schedules"}))
 PartialDrainSpec = partial_model(DrainSpec)
+PartialPodSettings = partial_model(PodSettings)
+PartialRouteSpec = partial_model(RouteSpec)
 
 ModelUriScheme = Literal["pvc", "s3", "https", "file"]
 """How spec.model.uri names its source: a claim, a bucket, a web server, the image (file:///
@@ -66,6 +70,14 @@ class ProfileDefaults(ApiModel):
     service's own."""
     drain: PartialDrainSpec | None = None  # type: ignore[valid-type]
     """Default spec.drain: graceful shutdown timings."""
+    pod: PartialPodSettings | None = None  # type: ignore[valid-type]
+    """Default spec.pod: affinity, topology spread (e.g. every service spread over nodes),
+    priority and runtime class, pull secrets, service account, pod labels, annotations and
+    environment variables. Labels and annotations merge key by key with the service's; the
+    service's env list replaces the profile's whole."""
+    route: PartialRouteSpec | None = None  # type: ignore[valid-type]
+    """Default spec.route: the platform's Gateway, the hostname templates, the Ingress class;
+    a model owner then opts in with route.enabled (or the profile enables it for all)."""
 
 
 class ProfileSpec(ApiModel):
@@ -113,6 +125,26 @@ class InferencePolicySpec(ApiModel):
     port it allows every port of that host. The operator's own Prometheus (its
     KILN_PROMETHEUS_URL) is always allowed. Without any entry in any policy, only the operator's
     own, those of ClusterInferenceProfiles and the operator's KILN_ALLOWED_PROMETHEUS_URLS are."""
+    allowed_priority_classes: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=253)]] | None, Field(max_length=64)
+    ] = None
+    """PriorityClasses spec.pod.priorityClassName may name; a service naming none is allowed
+    (the cluster's default priority applies)."""
+    allowed_runtime_classes: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=253)]] | None, Field(max_length=64)
+    ] = None
+    """RuntimeClasses spec.pod.runtimeClassName may name; a service naming none is allowed."""
+    required_pod_labels: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=316)]] | None, Field(max_length=64)
+    ] = None
+    """Label keys every service must set in spec.pod.labels (its own or its profile's), e.g.
+    `cost-center`."""
+    forbidden_service_accounts: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=253)]] | None, Field(max_length=64)
+    ] = None
+    """ServiceAccounts the runtime pods may not run as (spec.pod.serviceAccountName, or
+    spec.model.storage.serviceAccountName). `default` here forbids leaving it unset, which runs
+    the pods as the namespace's default ServiceAccount."""
 
 
 class ResolvedProfile(ApiModel):
