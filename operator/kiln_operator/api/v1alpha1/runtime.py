@@ -6,8 +6,9 @@ operator/runtime contract), so their ranges are checked here, before a pod ever 
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from kiln_operator.api.dotsegments import IMAGE_RULE, image_has_dot_segment
 from kiln_operator.api.v1alpha1.base import ApiModel
 
 IMAGE_PATTERN = r"^[a-z0-9]+([._/:@-][a-zA-Z0-9_.-]+)*$"
@@ -168,7 +169,8 @@ class RuntimeSpec(ApiModel):
     """The serving container."""
 
     image: Annotated[str, Field(min_length=1, max_length=512, pattern=IMAGE_PATTERN)]
-    """Container image of Kiln's runtime (package kiln_runtime), e.g. kiln/runtime:dev."""
+    """Container image of Kiln's runtime (package kiln_runtime), e.g. kiln/runtime:dev. No path
+    component may be `.` or `..`."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """When the kubelet pulls the image."""
     optimization: OptimizationSpec = OptimizationSpec()
@@ -179,3 +181,10 @@ class RuntimeSpec(ApiModel):
     """gRPC connection lifetime, so long-lived clients spread over new replicas."""
     limits: LimitsSpec = LimitsSpec()
     """Per-port bounds on what clients may cost (connections, timeouts, buffers, floods)."""
+
+    @field_validator("image")
+    @classmethod
+    def _no_dot_segments(cls, image: str) -> str:
+        if image_has_dot_segment(image):
+            raise ValueError(f"{image!r}: {IMAGE_RULE}")
+        return image
