@@ -21,8 +21,10 @@ class OptimizationSpec(ApiModel):
     """eager: run as loaded (any format); script: freeze and optimize_for_inference (torchscript
     only); compile: torch.compile (torch_export only). onnx runs eager."""
     precision: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
-    """Numeric precision of the weights and activations. fp16/bf16 need a GPU; int8 is dynamic
-    quantisation of linear layers, CPU only (gpuCount 0) and torchscript only. onnx: fp32 only."""
+    """Numeric precision of the weights and activations. fp16/bf16 cast the model and its floating
+    inputs, on a GPU or the CPU alike; on the CPU (gpuCount 0) bf16 suits CPUs with bf16
+    instructions, and fp16 is emulated, usually slower than fp32. int8 is dynamic quantisation of
+    linear layers, CPU only (gpuCount 0) and torchscript only. onnx: fp32 only."""
     cuda_graphs: bool = False
     """Capture CUDA graphs per batch size (needs gpuCount > 0; not for onnx). Needs static input
     shapes."""
