@@ -55,6 +55,9 @@ _._queue_holds_a_batch
 _._process_holds_a_connection
 _._ascending
 _._requests_cover_concurrency
+_._no_dot_segments
+_._images_without_dot_segments
+_._urls_without_dot_segments
 
 # pydantic fields: part of the CRD schema and written to the API server by model_dump
 # (api/v1alpha1/), or persisted in the autoscaler's state annotation (autoscaling/state.py).

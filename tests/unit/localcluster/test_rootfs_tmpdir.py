@@ -8,8 +8,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.sessioncluster import missing_component
 
 REPO = Path(__file__).resolve().parents[3]
@@ -64,7 +62,7 @@ def test_a_command_in_the_rootfs_gets_a_tmpdir_that_exists_there(tmp_path: Path)
     created = entered.stdout.strip()
     assert created.startswith("/tmp/tmp.") and (rootfs / created.lstrip("/")).is_file()
     # a host command that chroots on its own (debootstrap) gets the same TMPDIR
-    told = _in_shell('with_rootfs_tmpdir bash -c \'echo "$TMPDIR"\'', host_tmpdir)
+    told = _in_shell("with_rootfs_tmpdir bash -c 'echo \"$TMPDIR\"'", host_tmpdir)
     assert told.stdout.strip() == "/tmp", told
 
 

@@ -29,7 +29,6 @@ from kiln_operator.api.dotsegments import (
     has_dot_segment,
     image_has_dot_segment,
 )
-
 from kiln_operator.api.v1alpha1.autoscaling import AutoscalingSpec, PrewarmSpec, SloSpec
 from kiln_operator.api.v1alpha1.base import ApiModel
 from kiln_operator.api.v1alpha1.drain import DrainSpec
