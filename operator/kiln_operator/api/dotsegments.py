@@ -5,7 +5,7 @@ Why it exists: an allow-list that compares the raw path of a URL can be walked o
 client normalizes it and queries `/p7`; `%2e%2e` is the same segment percent-encoded. An image
 reference `kiln/runtime/../evil:1` starts with the allowed prefix `kiln/runtime` too. So the
 guardrails compare normalized paths (RFC 3986: unreserved percent-encodings decoded, then dot
-segments removed, section 5.2.4), and the API refuses dot segments, raw or encoded, in a
+segments removed, section 5.2.4), and the API refuses dot segments and encoded dots in a
 Prometheus URL, an allow-list entry and an image outright: no legitimate value needs one.
 Pure: strings in, strings out.
 """
@@ -20,9 +20,15 @@ DOT_SEGMENTS = frozenset({".", ".."})
 IMAGE_DOT_SEGMENT = re.compile(r"(?:^|/)\.\.?(?:$|[/:@])")
 """A path component of an image reference that is `.` or `..` (before a tag or digest)."""
 
+_ENCODED_DOT = re.compile(r"%2e", re.IGNORECASE)
+_SEPARATORS = re.compile(r"%2f|%5c|\\", re.IGNORECASE)
+"""A slash, percent-encoded or not, or a backslash: proxies that decode the path before they
+resolve its dot segments (and Windows-minded servers) split segments there too."""
+
 URL_RULE = (
-    "a URL's path may not hold a dot segment ('.' or '..', raw or percent-encoded as %2e): "
-    "allow-lists compare paths, and the HTTP client would resolve it to another path"
+    "a URL's path may not hold a dot segment ('.' or '..', also between encoded slashes) nor a "
+    "percent-encoded dot (%2e): allow-lists compare paths, and the HTTP client or a proxy "
+    "would resolve it to another path"
 )
 """The rule a refused URL is named by."""
 IMAGE_RULE = (
@@ -68,8 +74,12 @@ def normalized_path(path: str) -> str:
 
 
 def has_dot_segment(path: str) -> bool:
-    """Whether a segment of the path is `.` or `..`, raw or percent-encoded."""
-    return any(segment in DOT_SEGMENTS for segment in decode_unreserved(path).split("/"))
+    """Whether the path holds a percent-encoded dot, or a segment that is `.` or `..` when
+    encoded slashes and backslashes count as separators too."""
+    if _ENCODED_DOT.search(path):
+        return True
+    segments = _SEPARATORS.sub("/", decode_unreserved(path)).split("/")
+    return any(segment in DOT_SEGMENTS for segment in segments)
 
 
 def image_has_dot_segment(image: str) -> bool:

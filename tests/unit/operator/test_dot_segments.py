@@ -74,6 +74,10 @@ def test_dot_segments_raw_or_encoded_are_found() -> None:
     assert has_dot_segment("/prom/../p7") and has_dot_segment("/prom/%2e%2e/p7b")
     assert has_dot_segment("/prom/./x") and has_dot_segment("/prom/%2E")
     assert not has_dot_segment("/prom/..x/a.b/...")
+    # an encoded dot anywhere, and dot segments between encoded slashes or backslashes, which a
+    # proxy that decodes before it normalizes would resolve
+    assert has_dot_segment("/prom/a%2Eb") and has_dot_segment("/prom%2F..%2Fp7")
+    assert has_dot_segment("/prom%5c..%5cp7") and has_dot_segment("/prom\\..\\p7")
     assert image_has_dot_segment("kiln/runtime/../evil:1")
     assert image_has_dot_segment("./kiln/runtime:1") and image_has_dot_segment("kiln/..@sha256:a")
     assert not image_has_dot_segment("registry.example.com:5000/kiln/runtime:1.4.0")

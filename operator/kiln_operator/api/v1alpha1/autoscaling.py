@@ -126,7 +126,7 @@ class AutoscalingSpec(ApiModel):
 
     prometheus_url: Annotated[str | None, Field(pattern=r"^https?://[^\s]+$")] = None
     """Prometheus base URL for this service; defaults to the operator's configuration. Its path
-    may not hold a `.` or `..` segment, raw or percent-encoded."""
+    may not hold a `.` or `..` segment nor a percent-encoded dot (`%2e`)."""
 
     evaluation_interval_seconds: Annotated[int, Field(ge=5, le=600)] = 15
     """How often the autoscaler reads metrics and decides."""

@@ -122,7 +122,7 @@ class InferencePolicySpec(ApiModel):
     KILN_PROMETHEUS_URL) is always allowed. Without any entry in any policy, only the operator's
     own, those of ClusterInferenceProfiles and the operator's KILN_ALLOWED_PROMETHEUS_URLS are.
     Paths are compared normalized (`/prom/../p7` is `/p7`); an entry whose path holds a `.` or
-    `..` segment (raw or percent-encoded) makes the policy invalid, so it allows nothing."""
+    `..` segment or a percent-encoded dot makes the policy invalid, so it allows nothing."""
 
     @field_validator("allowed_images")
     @classmethod
