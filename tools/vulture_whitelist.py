@@ -63,6 +63,9 @@ _._kiln_labels_are_kilns
 _._kiln_annotations_are_kilns
 _._kiln_env_is_kilns
 _._complete_when_enabled
+_._no_dot_segments
+_._images_without_dot_segments
+_._urls_without_dot_segments
 
 # pydantic fields: part of the CRD schema and written to the API server by model_dump
 # (api/v1alpha1/), or persisted in the autoscaler's state annotation (autoscaling/state.py).

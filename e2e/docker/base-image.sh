@@ -10,6 +10,8 @@ set -euo pipefail
 TAG="${1:-kiln/debian-python:bookworm}"
 SUITE="${KILN_BASE_SUITE:-bookworm}"
 STATE_DIR="${KILN_STATE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/.kiln}"
+# shellcheck source=e2e/docker/chroot.sh
+source "$(dirname "$0")/chroot.sh"
 
 if [ "${KILN_REBUILD_BASE:-0}" != 1 ] && docker image inspect "$TAG" >/dev/null 2>&1; then
   echo "base image $TAG already present"
@@ -40,7 +42,7 @@ if [ -z "$mirror" ]; then
   exit 1
 fi
 echo "debootstrap $SUITE from $mirror"
-debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+with_rootfs_tmpdir debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
   "$SUITE" "$rootfs" "$mirror" >"$STATE_DIR/debootstrap.log" 2>&1 \
   || { tail -20 "$STATE_DIR/debootstrap.log" >&2; exit 1; }
 rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
@@ -48,7 +50,7 @@ rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
 # reach the package registries this host reaches.
 if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
   cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
-  chroot "$rootfs" update-ca-certificates >/dev/null
+  in_rootfs "$rootfs" update-ca-certificates >/dev/null
 fi
 
 tar -C "$rootfs" -c . | docker import \

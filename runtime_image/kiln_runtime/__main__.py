@@ -3,7 +3,7 @@
 python -m kiln_runtime serve --model-path PATH --model-name NAME [--config FILE] [--host ADDR]
                              [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
                              [--grpc-transport kiln|grpcio [--grpc-tls-cert F --grpc-tls-key F]]
-                             [--event-loop auto|uvloop|asyncio]
+                             [--event-loop auto|uvloop|asyncio] [--termination-log FILE]
 python -m kiln_runtime example-model --kind mlp|transformer --out DIR
 python -m kiln_runtime fetch --uri s3://BUCKET/KEY|https://… --dest DIR [...]  (an init container)
 
@@ -19,6 +19,8 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+from kiln_runtime.termination import TERMINATION_LOG, write_termination_log
 
 CONFIG_ENV = "KILN_RUNTIME_CONFIG"
 
@@ -63,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="compute threads (default: one per CPU this process may use)",
     )
+    serve.add_argument(
+        "--termination-log", type=Path, default=TERMINATION_LOG,
+        help="where a start-up failure's cause is written for Kubernetes (the container's "
+        "terminationMessagePath)",
+    )  # fmt: skip
     serve.add_argument("--log-level", default="INFO")
 
     example = commands.add_parser("example-model", help="write a model built in code + config")
@@ -91,12 +98,15 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_fetch(args)
 
+    def refuse(message: str) -> int:
+        print(f"error: {message}", file=sys.stderr)
+        write_termination_log(args.termination_log, message)
+        return 2
+
     if (args.grpc_tls_cert is None) != (args.grpc_tls_key is None):
-        print("error: --grpc-tls-cert and --grpc-tls-key go together", file=sys.stderr)
-        return 2
+        return refuse("--grpc-tls-cert and --grpc-tls-key go together")
     if args.grpc_tls_cert is not None and args.grpc_transport != "grpcio":
-        print("error: gRPC TLS needs --grpc-transport grpcio", file=sys.stderr)
-        return 2
+        return refuse("gRPC TLS needs --grpc-transport grpcio")
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -107,18 +117,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             text = args.config.read_text()
         except OSError as error:
-            print(f"error: cannot read --config: {error}", file=sys.stderr)
-            return 2
+            return refuse(f"cannot read --config: {error}")
     elif os.environ.get(CONFIG_ENV):
         text = os.environ[CONFIG_ENV]
     else:
-        print(f"error: a config is required (--config FILE or ${CONFIG_ENV})", file=sys.stderr)
-        return 2
+        return refuse(f"a config is required (--config FILE or ${CONFIG_ENV})")
     try:
         config = parse_config_text(text, model_name=args.model_name)
     except ConfigError as error:
-        print(f"error: invalid runtime config: {error}", file=sys.stderr)
-        return 2
+        return refuse(f"invalid runtime config: {error}")
 
     from kiln_runtime.server import ServeOptions, serve, usable_cpus
 
@@ -133,10 +140,15 @@ def main(argv: list[str] | None = None) -> int:
         grpc_tls_cert=args.grpc_tls_cert,
         grpc_tls_key=args.grpc_tls_key,
         torch_threads=args.torch_threads or usable_cpus(),
+        termination_log=args.termination_log,
     )
     loop_factory = event_loop_factory(args.event_loop, args.grpc_transport)
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(serve(options))
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(serve(options))
+    except Exception as error:  # e.g. a port already bound: still the operator's to read
+        write_termination_log(args.termination_log, f"the runtime stopped: {error!r}")
+        raise
 
 
 def event_loop_factory(

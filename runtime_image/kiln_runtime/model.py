@@ -309,6 +309,22 @@ class _CudaGraphs:
         return output
 
 
+CUDA_PROVIDER = "CUDAExecutionProvider"
+
+
+def check_onnx_providers(device: str, where: str, providers: Sequence[str]) -> None:
+    """Refuse to serve a GPU service's ONNX model on the CPU: the service asked for (and holds)
+    a GPU, so a model quietly computing on the CPU would be slow and unnoticed. ``where`` says
+    whose list ``providers`` is ("offers": the installed onnxruntime's, "session has": the ones
+    the session loaded)."""
+    if device == "cuda" and CUDA_PROVIDER not in providers:
+        raise ModelLoadError(
+            f"the GPU service's onnx model would run on the CPU: onnxruntime {where} "
+            f"{list(providers)}, without {CUDA_PROVIDER} (use a runtime image with "
+            "onnxruntime-gpu and the CUDA libraries it needs, or set resources.gpuCount to 0)"
+        )
+
+
 def _load_onnx(
     path: Path, config: RuntimeConfig, plan: ExecutionPlan
 ) -> Callable[[Arrays], Arrays]:
@@ -318,12 +334,16 @@ def _load_onnx(
         raise ModelLoadError("format 'onnx' needs the onnxruntime package installed") from error
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    providers = ["CUDAExecutionProvider"] if plan.device == "cuda" else []
+    check_onnx_providers(plan.device, "offers", ort.get_available_providers())
+    providers = [CUDA_PROVIDER] if plan.device == "cuda" else []
     providers.append("CPUExecutionProvider")
     try:
         session = ort.InferenceSession(str(path), options, providers=providers)
     except Exception as error:
         raise ModelLoadError(f"cannot load onnx model from {str(path)!r}: {error}") from error
+    # onnxruntime falls back to the CPU, with only a warning, when the CUDA provider is offered
+    # but does not load (a CUDA or cuDNN library missing or of the wrong version)
+    check_onnx_providers(plan.device, "session has", session.get_providers())
     declared_in = [s.name for s in config.model.inputs]
     declared_out = [s.name for s in config.model.outputs]
     found_in = [i.name for i in session.get_inputs()]

@@ -27,6 +27,7 @@ from kiln_runtime.protocol.grpcserver import GrpcServer
 from kiln_runtime.protocol.httpserver import HttpServer
 from kiln_runtime.protocol.metricsserver import MetricsServer
 from kiln_runtime.protocol.rest import RestAdapter
+from kiln_runtime.termination import write_termination_log
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class ServeOptions:
     grpc_tls_cert: Path | None = None
     grpc_tls_key: Path | None = None
     torch_threads: int | None = None
+    # where a start-up failure's cause goes for Kubernetes (None: nowhere but the log)
+    termination_log: Path | None = None
 
 
 def resolve_model_file(path: Path, fmt: str) -> Path:
@@ -117,7 +120,9 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
     try:
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if starting.done() and starting.exception() is not None:
-            log.error("model %r failed to start: %s", config.model.name, starting.exception())
+            cause = f"model {config.model.name!r} failed to start: {starting.exception()}"
+            log.error("%s", cause)
+            write_termination_log(options.termination_log, cause)
             exit_code = 1
         else:
             log.info("ready: warm-up took %.3f s", dataplane.warmup_seconds or 0.0)

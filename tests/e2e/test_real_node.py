@@ -281,3 +281,67 @@ def test_a_gpu_service_runs_on_the_real_nodes_cpu_and_says_so(
     assert "runs on CPU" in pod["metadata"]["annotations"][IMITATED]
     config = next(e["value"] for e in container["env"] if e["name"] == "KILN_RUNTIME_CONFIG")
     assert json.loads(config)["optimization"]["device"] == "cpu"
+
+
+def ready_and_stalled(cluster: E2ECluster, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+    service = cluster.get_json("inferenceservice", name, "-n", namespace)
+    return {
+        item["type"]: item
+        for item in (service.get("status") or {}).get("conditions") or []
+        if item["type"] in ("Ready", "Stalled")
+    }
+
+
+def test_a_runtime_that_cannot_load_its_model_says_why_in_ready(
+    cluster: E2ECluster, namespace: str, model: Model
+) -> None:
+    """A rollout to a model path that does not exist: the new pod's runtime writes why it exits
+    to its termination log, and Ready (RolloutStalled) and Stalled carry that reason within 60 s
+    and keep it through the crash loop's retries (it was "the runtime is not ready yet",
+    alternating with "no termination message")."""
+    apply_and_serve(cluster, namespace, model, MODEL)
+    missing = model.uri.rsplit("/", 1)[0] + "/missing.pt"
+    body = inference_service(MODEL, Model(uri=missing, claim=model.claim))
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=body)
+    applied = time.monotonic()
+    cause = "failed to start: model path '/models/"
+
+    def said() -> dict[str, dict[str, Any]] | None:
+        found = ready_and_stalled(cluster, namespace, MODEL)
+        stalled = found.get("Stalled", {})
+        if stalled.get("status") == "True" and cause in stalled.get("message", ""):
+            return found
+        return None
+
+    found = wait_for(said, timeout=60, interval=0.5, description="Stalled naming the cause")
+    seconds = time.monotonic() - applied
+    ready = found["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "RolloutStalled"), ready
+    assert "missing.pt' does not exist" in ready["message"], ready
+    assert "1 pods of the previous spec keep serving" in ready["message"], ready
+    # the new pod: the runtime's own words in its terminated state, and the policy that keeps them
+    new = max(runtime_pods(cluster, namespace), key=lambda p: p["metadata"]["creationTimestamp"])
+    (container,) = new["spec"]["containers"]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    # through the loop's next retry (the kubelet's back-off is 10 s, then 20 s) the reason holds:
+    # watched until a retry has run and ended in back-off again
+    reasons: set[str] = set()
+    seen: list[tuple[int, str]] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        reasons.add(ready_and_stalled(cluster, namespace, MODEL)["Ready"]["reason"])
+        pod = cluster.get_json("pod", new["metadata"]["name"], "-n", namespace)
+        status = pod["status"]["containerStatuses"][0]
+        seen.append((status["restartCount"], next(iter(status["state"]))))
+        if any(state == "running" and count >= 1 for count, state in seen) and seen[-1][1] in (
+            "waiting",
+            "terminated",
+        ):
+            break
+        time.sleep(0.3)
+    assert any(state == "running" and count >= 1 for count, state in seen), seen
+    assert seen[-1][1] != "running", seen
+    assert reasons == {"RolloutStalled"}, reasons
+    message = pod["status"]["containerStatuses"][0]["lastState"]["terminated"]["message"]
+    assert message.startswith(f"model '{MODEL}' failed to start: model path"), message
+    print(f"\nStalled named the runtime's cause {seconds:.1f} s after the apply")

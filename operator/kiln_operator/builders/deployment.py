@@ -272,6 +272,10 @@ def _container(spec: InferenceServiceSpec, owner: Owner, imitated_gpus: bool) ->
         "resources": _resources(spec),
         **_probes(spec),
         "securityContext": _restricted_security(),
+        # The runtime writes why it exits at start-up (the model does not load, the config is
+        # refused) to the termination log, and the reconcile loop carries it to Ready; anything
+        # else that kills it leaves its last log lines there instead.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": mounts,
     }
     # Empty when there is no pause: an empty desired value makes a stale live one drift.

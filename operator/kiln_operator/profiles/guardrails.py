@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from kiln_operator import constants
+from kiln_operator.api.dotsegments import normalized_path
 from kiln_operator.api.v1alpha1 import InferenceServiceSpec
 from kiln_operator.api.v1alpha1.profile import InferencePolicySpec
 
@@ -56,9 +57,13 @@ def parse_policies(
                     Policy(kind, name, InferencePolicySpec.model_validate(body.get("spec") or {}))
                 )
             except ValidationError as error:
+                said = "; ".join(
+                    f"{'.'.join(str(part) for part in found['loc'])}: {found['msg']}"
+                    for found in error.errors()[:3]
+                )
                 problems.append(
-                    f"{kind} {name} does not parse ({error.error_count()} errors), so it allows "
-                    "nothing: fix it"
+                    f"{kind} {name} does not parse ({error.error_count()} errors: {said}), so it "
+                    "allows nothing: fix it"
                 )
     return policies, problems
 
@@ -73,7 +78,8 @@ def image_allowed(image: str, prefix: str) -> bool:
 
 def url_allowed(url: str, entry: str) -> bool:
     """Whether `url` falls under an allow-list `entry`: the same scheme and host, the same port
-    (any port when the entry names none), and a path at or below the entry's."""
+    (any port when the entry names none), and a path at or below the entry's, both compared
+    as the HTTP client requests them (normalized: `/prom/../p7` is `/p7`, not below `/prom`)."""
     try:
         wanted, given = urlsplit(entry), urlsplit(url)
         wanted_port, given_port = wanted.port, given.port
@@ -83,8 +89,8 @@ def url_allowed(url: str, entry: str) -> bool:
         return False
     if wanted_port is not None and given_port != wanted_port:
         return False
-    base = wanted.path.rstrip("/")
-    return given.path == base or given.path.startswith(base + "/") or not base
+    base, path = normalized_path(wanted.path).rstrip("/"), normalized_path(given.path)
+    return path == base or path.startswith(base + "/") or not base
 
 
 def model_source(uri: str) -> str:

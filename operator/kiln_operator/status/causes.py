@@ -52,6 +52,28 @@ def _condition(conditions: list[dict[str, Any]] | None, kind: str) -> dict[str, 
     return next((c for c in conditions or [] if c.get("type") == kind), None)
 
 
+def _crashed(container: dict[str, Any]) -> dict[str, Any] | None:
+    """The terminated state of a container that exited with an error and has not been ready
+    since, else None. The whole cycle of a crash loop counts: waiting in back-off, just exited
+    (before the kubelet's back-off starts), and running its retry until it turns ready. So Ready
+    keeps one reason, carrying the last exit's termination message, through the cycle (a
+    runtime that cannot load its model would otherwise read as RuntimeNotReady, "loading the
+    model", for the seconds of each retry)."""
+    if container.get("ready"):
+        return None
+    state = container.get("state") or {}
+    last = (container.get("lastState") or {}).get("terminated") or {}
+    if "waiting" in state:
+        waiting = state.get("waiting") or {}
+        return last if waiting.get("reason") == "CrashLoopBackOff" else None
+    if "terminated" in state:
+        terminated = state.get("terminated") or {}
+        return terminated if int(terminated.get("exitCode") or 0) != 0 else None
+    if "running" in state and int(last.get("exitCode") or 0) != 0:
+        return last
+    return None
+
+
 def _pod_cause(pod: dict[str, Any]) -> Cause | None:
     name = pod["metadata"]["name"]
     status = pod.get("status") or {}
@@ -80,14 +102,15 @@ def _pod_cause(pod: dict[str, Any]) -> Cause | None:
                 f"{_trim(waiting.get('message', ''))}",
                 failure=True,
             )
-        if reason == "CrashLoopBackOff":
-            last = (container.get("lastState") or {}).get("terminated") or {}
-            said = _trim(last.get("message", "")) or "no termination message"
+        crashed = _crashed(container)
+        if crashed is not None:
+            said = _trim(crashed.get("message", "")) or "no termination message"
             return Cause(
                 constants.REASON_CRASH_LOOP,
                 f"pod {name}: container {container.get('name')} keeps crashing "
                 f"({container.get('restartCount', 0)} restarts; last exit code "
-                f"{last.get('exitCode', '?')}, {last.get('reason', 'unknown reason')}): {said}",
+                f"{crashed.get('exitCode', '?')}, {crashed.get('reason', 'unknown reason')}): "
+                f"{said}",
                 failure=True,
             )
     gate = _condition(conditions, constants.CONDITION_WARMED_UP)

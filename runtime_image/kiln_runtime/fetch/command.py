@@ -30,11 +30,9 @@ from kiln_runtime.fetch.source import (
 from kiln_runtime.fetch.staging import already_fetched, new_staging, publish
 from kiln_runtime.fetch.transfer import Budget, download
 from kiln_runtime.fetch.verify import Expected
+from kiln_runtime.termination import TERMINATION_LOG, write_termination_log
 
 log = logging.getLogger(__name__)
-TERMINATION_LOG = Path("/dev/termination-log")
-TERMINATION_MESSAGE_MAX = 4096
-"""Kubernetes keeps at most 4096 bytes of a termination message."""
 DEFAULT_CACHE_MAX_BYTES = 256 * 1024**3
 ACCESS_KEY_FILE = "AWS_ACCESS_KEY_ID"
 SECRET_KEY_FILE = "AWS_SECRET_ACCESS_KEY"
@@ -98,16 +96,16 @@ def run(args: argparse.Namespace) -> int:
         result = fetch(args)
     except FetchFailure as failure:
         log.error("%s", failure)
-        _write_termination_log(args.termination_log, str(failure))
+        write_termination_log(args.termination_log, str(failure))
         return failure.kind.exit_code
     except Exception as error:  # a bug or an error no table knows: still the user's to read
         log.exception("unexpected error")
         message = f"model download failed: {type(error).__name__} for {args.uri}: {error}"
-        _write_termination_log(args.termination_log, message)
+        write_termination_log(args.termination_log, message)
         return 1
     message = f"model fetched: {result.bytes} bytes in {result.seconds:.3f} s from {args.uri}"
     log.info("%s into %s", message, result.path)
-    _write_termination_log(args.termination_log, message)
+    write_termination_log(args.termination_log, message)
     return 0
 
 
@@ -291,13 +289,3 @@ def _read_credentials(directory: Path | None, uri: str) -> tuple[Credentials | N
             f"the Secret must hold both {ACCESS_KEY_FILE} and {SECRET_KEY_FILE}",
         )
     return Credentials(access_key, secret_key, read(SESSION_TOKEN_FILE)), ca_bundle
-
-
-def _write_termination_log(path: Path, message: str) -> None:
-    """Best effort: outside a pod the file may not be writable, and that must not hide the
-    download's own outcome."""
-    data = message.encode()[:TERMINATION_MESSAGE_MAX]
-    try:
-        path.write_bytes(data)
-    except OSError as error:
-        log.debug("cannot write the termination log %s: %s", path, error)

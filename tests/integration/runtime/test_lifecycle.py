@@ -176,3 +176,37 @@ def test_a_model_that_contradicts_its_config_exits_with_the_reason(
     )
     assert code == 1
     assert "produced shape [10]" in output
+
+
+def test_each_start_up_failure_leaves_its_cause_in_the_termination_log(
+    example_model: ModelFactory, tmp_path: Path
+) -> None:
+    """What the kubelet copies into the container's terminated state, where the operator reads
+    it for Ready: the runtime's own reason, one process per cause (three starts of torch)."""
+    model = example_model("mlp")
+    config = json.loads((model / "config.json").read_text())
+    not_torchscript = tmp_path / "notes.pt"
+    not_torchscript.write_text("this is not a TorchScript archive\n")
+    as_onnx = {**config, "model": {**config["model"], "format": "onnx"}}
+    cases = [
+        (tmp_path / "missing" / "model.pt", config, "does not exist"),
+        (not_torchscript, config, "cannot load torchscript program"),
+        (model / "model.pt", as_onnx, "cannot load onnx model"),
+    ]
+    for number, (path, document, cause) in enumerate(cases):
+        log = tmp_path / f"termination-{number}"
+        code, output = serve_and_wait(
+            ["--model-path", str(path), "--model-name", "m", "--termination-log", str(log)],
+            env={"KILN_RUNTIME_CONFIG": json.dumps(document)},
+        )
+        assert code == 1, output
+        message = log.read_text()
+        assert message.startswith("model 'm' failed to start: ") and cause in message, message
+        assert str(path) in message
+    # a config the runtime refuses is written there too
+    log = tmp_path / "termination-config"
+    code, _ = serve_and_wait(
+        ["--model-path", str(model), "--model-name", "m", "--termination-log", str(log)],
+        env={"KILN_RUNTIME_CONFIG": json.dumps({"model": {"inputs": [], "outputs": []}})},
+    )
+    assert code == 2 and log.read_text().startswith("invalid runtime config: model.inputs")

@@ -177,3 +177,70 @@ def test_the_replica_floor_has_its_own_condition_and_ready_stays_true_while_serv
     assert "exceeded quota: pods" in floor["message"]
     met = observe(deployment(available=1), [pod("a", READY)])["ReplicaFloorMet"]
     assert (met["status"], met["reason"]) == ("True", "FloorMet")
+
+
+MISSING_MODEL = {
+    "exitCode": 1,
+    "reason": "Error",
+    "message": "model 'mlp' failed to start: model path '/models/mlp/v9/model.pt' does not exist",
+}
+"""What the runtime writes to its termination log when its model path does not exist."""
+
+
+def crash_cycle() -> dict[str, list[dict[str, Any]]]:
+    """The runtime container of a pod whose model does not load, at each step of its crash
+    loop as the kubelet reports it."""
+    return {
+        "just exited": [runtime({"terminated": MISSING_MODEL}, restartCount=0)],
+        "backing off": [
+            runtime(
+                {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s"}},
+                restartCount=1,
+                lastState={"terminated": MISSING_MODEL},
+            )
+        ],
+        "running its retry": [
+            runtime(
+                {"running": {"startedAt": "2026-11-25T11:59:30Z"}},
+                restartCount=1,
+                lastState={"terminated": MISSING_MODEL},
+            )
+        ],
+    }
+
+
+def test_a_runtime_that_exits_at_start_is_a_crash_loop_through_its_whole_cycle() -> None:
+    # was: CrashLoop "no termination message" while backing off, RuntimeNotReady ("loading the
+    # model") while running the retry
+    for step, containers in crash_cycle().items():
+        cause = first_cause(deployment(), [pod("a", containers=containers)])
+        assert cause is not None and cause.failure, step
+        assert cause.reason == constants.REASON_CRASH_LOOP, step
+        assert "last exit code 1, Error" in cause.message, step
+        assert cause.message.endswith("model path '/models/mlp/v9/model.pt' does not exist")
+
+
+def test_a_rollout_to_a_model_that_does_not_load_is_stalled_with_the_runtimes_reason() -> None:
+    rolling = deployment(desired=1, replicas=2, updated=1, available=1)
+    old = pod("old", READY)
+    for step, containers in crash_cycle().items():
+        new = pod("new", created="2026-11-25T11:59:00Z", containers=containers)
+        conditions = observe(rolling, [new, old])
+        ready, stalled = conditions["Ready"], conditions["Stalled"]
+        assert (ready["status"], ready["reason"]) == ("False", "RolloutStalled"), step
+        assert "does not exist" in ready["message"], step
+        assert (stalled["status"], stalled["reason"]) == ("True", "RolloutStalled"), step
+        assert "model 'mlp' failed to start" in stalled["message"], step
+
+
+def test_a_restart_that_serves_again_is_no_crash_and_a_first_start_is_progress() -> None:
+    oom = {"exitCode": 137, "reason": "OOMKilled"}
+    served_again = runtime(
+        {"running": {}}, ready=True, restartCount=1, lastState={"terminated": oom}
+    )
+    assert first_cause(deployment(), [pod("a", containers=[served_again])]) is None
+    loading = runtime({"running": {}}, restartCount=0)
+    cause = first_cause(deployment(), [pod("a", containers=[loading])])
+    assert cause is not None and cause.reason == constants.REASON_RUNTIME_NOT_READY
+    stopped = runtime({"terminated": {"exitCode": 0, "reason": "Completed"}})
+    assert first_cause(deployment(), [pod("a", containers=[stopped])]) is None

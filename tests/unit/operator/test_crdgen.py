@@ -204,3 +204,45 @@ def test_the_api_reference_documents_every_field() -> None:
         and f"`{part}{path}[]`" not in reference
     ]
     assert missing == []
+
+
+def test_the_api_reference_names_every_printer_column_in_order() -> None:
+    reference = (REPO / "docs" / "api.md").read_text()
+    start = reference.index("`kubectl get kis` prints ")
+    sentence = " ".join(reference[start : reference.index(".", start)].split())
+    columns = [column["name"] for column in version()["additionalPrinterColumns"]]
+    found = [sentence.find(f" {name}") for name in columns]
+    assert -1 not in found, f"{sentence!r} lacks a column of {columns}"
+    assert found == sorted(found), sentence
+
+
+def test_what_explain_says_needs_a_gpu_is_refused_without_one() -> None:
+    """`kubectl explain` must not claim a GPU is needed for what validation accepts with
+    gpuCount 0 (fp16 and bf16 run on the CPU too; int8 is the CPU-only one)."""
+    import re
+
+    from kiln_operator.api.v1alpha1 import InferenceServiceSpec
+
+    spec = version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    optimization = spec["properties"]["runtime"]["properties"]["optimization"]["properties"]
+    precision = optimization["precision"]
+    claimed = {
+        value
+        for group in re.findall(r"([\w/]+) needs? (?:a GPU|gpuCount > 0)", precision["description"])
+        for value in group.split("/")
+    }
+    sample = yaml.safe_load((REPO / "manifests" / "samples" / "minimal.yaml").read_text())
+    for value in precision["enum"]:
+        document = sample["spec"] | {
+            "resources": {**sample["spec"].get("resources", {}), "gpuCount": 0},
+            "runtime": {
+                **sample["spec"].get("runtime", {}),
+                "optimization": {"precision": value},
+            },
+        }
+        accepted = True
+        try:
+            InferenceServiceSpec.model_validate(document)
+        except ValueError:
+            accepted = False
+        assert not (accepted and value in claimed), f"{value}: {precision['description']!r}"

@@ -102,14 +102,22 @@ def test_compile_pads_to_a_warm_size_and_slices_back(tmp_path: Path) -> None:
     np.testing.assert_allclose(y, expected, atol=1e-5)
 
 
-def test_onnx_models_run_through_onnxruntime(tmp_path: Path, mlp_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def onnx_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example MLP exported to ONNX (model.onnx), once for the module."""
+    out = tmp_path_factory.mktemp("onnx")
     module, _ = build("mlp")
     x = example_input("mlp", 2)
     torch.onnx.export(
-        module, (x,), str(tmp_path / "model.onnx"), input_names=["INPUT__0"],
+        module, (x,), str(out / "model.onnx"), input_names=["INPUT__0"],
         output_names=["OUTPUT__0"], dynamic_axes={"INPUT__0": {0: "b"}, "OUTPUT__0": {0: "b"}},
         dynamo=False,
     )  # fmt: skip
+    return out
+
+
+def test_onnx_models_run_through_onnxruntime(onnx_dir: Path, mlp_dir: Path) -> None:
+    tmp_path = onnx_dir
     runner = ModelRunner(mlp_config(mlp_dir, "onnx"), tmp_path / "model.onnx")
     xs, expected = reference(3)
     np.testing.assert_allclose(runner.forward([xs])[0], expected, atol=1e-4)
@@ -146,3 +154,21 @@ def test_missing_or_corrupt_files_fail_at_load(mlp_dir: Path, tmp_path: Path) ->
     corrupt.write_bytes(b"not a model")
     with pytest.raises(ModelLoadError, match="cannot load torchscript"):
         ModelRunner(mlp_config(mlp_dir), corrupt)
+
+
+def test_a_gpu_services_onnx_model_never_runs_on_the_cpu(onnx_dir: Path, mlp_dir: Path) -> None:
+    """The image's onnxruntime is CPU-only: a plan for the GPU (what the operator asks of a
+    GPU service) stops the load, naming the providers, instead of computing on the CPU."""
+    from kiln_runtime.execution_plan import plan_execution
+    from kiln_runtime.model import _load_onnx, check_onnx_providers
+
+    tmp_path = onnx_dir
+    config = mlp_config(mlp_dir, "onnx", device="cuda")
+    plan = plan_execution(config, cuda_available=True)  # as on a node with a GPU
+    with pytest.raises(ModelLoadError, match="GPU service's onnx model would run on the CPU"):
+        _load_onnx(tmp_path / "model.onnx", config, plan)
+    # the session's own list is judged too (a CUDA provider offered that does not load)
+    with pytest.raises(ModelLoadError, match=r"session has \['CPUExecutionProvider'\]"):
+        check_onnx_providers("cuda", "session has", ["CPUExecutionProvider"])
+    check_onnx_providers("cuda", "session has", ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    check_onnx_providers("cpu", "session has", ["CPUExecutionProvider"])

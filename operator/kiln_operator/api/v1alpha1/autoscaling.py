@@ -11,11 +11,13 @@ It must never import the clock or anything that does I/O: the API is pure data.
 
 from datetime import datetime
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 from pydantic import Field, field_validator, model_validator
 
+from kiln_operator.api.dotsegments import URL_RULE, has_dot_segment
 from kiln_operator.api.v1alpha1.base import ApiModel
 
 __all__ = [
@@ -131,13 +133,21 @@ class AutoscalingSpec(ApiModel):
     """Metrics older than this count as missing."""
 
     prometheus_url: Annotated[str | None, Field(pattern=r"^https?://[^\s]+$")] = None
-    """Prometheus base URL for this service; defaults to the operator's configuration."""
+    """Prometheus base URL for this service; defaults to the operator's configuration. Its path
+    may not hold a `.` or `..` segment nor a percent-encoded dot (`%2e`)."""
 
     evaluation_interval_seconds: Annotated[int, Field(ge=5, le=600)] = 15
     """How often the autoscaler reads metrics and decides."""
 
     metrics_window_seconds: Annotated[int, Field(ge=15, le=3600)] = 60
     """The range of the PromQL `rate()` and `histogram_quantile()` windows."""
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _no_dot_segments(cls, url: str | None) -> str | None:
+        if url is not None and has_dot_segment(urlsplit(url).path):
+            raise ValueError(f"{url!r}: {URL_RULE}")
+        return url
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> "AutoscalingSpec":

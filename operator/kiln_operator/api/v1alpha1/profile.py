@@ -19,9 +19,16 @@ same fields, bounds and descriptions, each optional.
 """
 
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from kiln_operator.api.dotsegments import (
+    IMAGE_RULE,
+    URL_RULE,
+    has_dot_segment,
+    image_has_dot_segment,
+)
 from kiln_operator.api.v1alpha1.autoscaling import AutoscalingSpec, PrewarmSpec, SloSpec
 from kiln_operator.api.v1alpha1.base import ApiModel
 from kiln_operator.api.v1alpha1.drain import DrainSpec
@@ -109,7 +116,8 @@ class InferencePolicySpec(ApiModel):
     ] = None
     """Image prefixes spec.runtime.image must start with, e.g. `registry.example.com/kiln/`. A
     prefix matches at a path, tag or digest boundary only (`registry.example.com/kiln` does not
-    allow `registry.example.com/kiln-evil/x`)."""
+    allow `registry.example.com/kiln-evil/x`). A prefix with a `.` or `..` path component makes the
+    policy invalid, so it allows nothing."""
     allowed_model_uri_schemes: Annotated[list[ModelUriScheme] | None, Field(max_length=4)] = None
     """The sources spec.model.uri may name: pvc, s3, https, file (a path inside the image)."""
     allowed_model_claims: Annotated[
@@ -124,7 +132,9 @@ class InferencePolicySpec(ApiModel):
     an entry allows its scheme, host and port exactly and any path below its own; without a
     port it allows every port of that host. The operator's own Prometheus (its
     KILN_PROMETHEUS_URL) is always allowed. Without any entry in any policy, only the operator's
-    own, those of ClusterInferenceProfiles and the operator's KILN_ALLOWED_PROMETHEUS_URLS are."""
+    own, those of ClusterInferenceProfiles and the operator's KILN_ALLOWED_PROMETHEUS_URLS are.
+    Paths are compared normalized (`/prom/../p7` is `/p7`); an entry whose path holds a `.` or
+    `..` segment or a percent-encoded dot makes the policy invalid, so it allows nothing."""
     allowed_priority_classes: Annotated[
         list[Annotated[str, Field(min_length=1, max_length=253)]] | None, Field(max_length=64)
     ] = None
@@ -145,6 +155,22 @@ class InferencePolicySpec(ApiModel):
     """ServiceAccounts the runtime pods may not run as (spec.pod.serviceAccountName, or
     spec.model.storage.serviceAccountName). `default` here forbids leaving it unset, which runs
     the pods as the namespace's default ServiceAccount."""
+
+    @field_validator("allowed_images")
+    @classmethod
+    def _images_without_dot_segments(cls, prefixes: list[str] | None) -> list[str] | None:
+        for prefix in prefixes or ():
+            if image_has_dot_segment(prefix):
+                raise ValueError(f"{prefix!r}: {IMAGE_RULE}")
+        return prefixes
+
+    @field_validator("allowed_prometheus_urls")
+    @classmethod
+    def _urls_without_dot_segments(cls, urls: list[str] | None) -> list[str] | None:
+        for url in urls or ():
+            if has_dot_segment(urlsplit(url).path):
+                raise ValueError(f"{url!r}: {URL_RULE}")
+        return urls
 
 
 class ResolvedProfile(ApiModel):

@@ -6,8 +6,9 @@ operator/runtime contract), so their ranges are checked here, before a pod ever 
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from kiln_operator.api.dotsegments import IMAGE_RULE, image_has_dot_segment
 from kiln_operator.api.v1alpha1.base import ApiModel
 from kiln_operator.api.v1alpha1.model import DNS_SUBDOMAIN
 
@@ -21,8 +22,10 @@ class OptimizationSpec(ApiModel):
     """eager: run as loaded (any format); script: freeze and optimize_for_inference (torchscript
     only); compile: torch.compile (torch_export only). onnx runs eager."""
     precision: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
-    """Numeric precision of the weights and activations. fp16/bf16 need a GPU; int8 is dynamic
-    quantisation of linear layers, CPU only (gpuCount 0) and torchscript only. onnx: fp32 only."""
+    """Numeric precision of the weights and activations. fp16/bf16 cast the model and its floating
+    inputs, on a GPU or the CPU alike; on the CPU (gpuCount 0) bf16 suits CPUs with bf16
+    instructions, and fp16 is emulated, usually slower than fp32. int8 is dynamic quantisation of
+    linear layers, CPU only (gpuCount 0) and torchscript only. onnx: fp32 only."""
     cuda_graphs: bool = False
     """Capture CUDA graphs per batch size (needs gpuCount > 0; not for onnx). Needs static input
     shapes."""
@@ -217,7 +220,8 @@ class RuntimeSpec(ApiModel):
     """The serving container."""
 
     image: Annotated[str, Field(min_length=1, max_length=512, pattern=IMAGE_PATTERN)]
-    """Container image of Kiln's runtime (package kiln_runtime), e.g. kiln/runtime:dev."""
+    """Container image of Kiln's runtime (package kiln_runtime), e.g. kiln/runtime:dev. No path
+    component may be `.` or `..`."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """When the kubelet pulls the image."""
     optimization: OptimizationSpec = OptimizationSpec()
@@ -231,3 +235,10 @@ class RuntimeSpec(ApiModel):
     cache: ResponseCacheSpec | None = None
     """A response cache: identical requests answered from memory (each pod's, optionally a
     shared Redis) instead of the model. Off unless set; needs model.deterministic: true."""
+
+    @field_validator("image")
+    @classmethod
+    def _no_dot_segments(cls, image: str) -> str:
+        if image_has_dot_segment(image):
+            raise ValueError(f"{image!r}: {IMAGE_RULE}")
+        return image
