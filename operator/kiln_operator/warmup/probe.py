@@ -24,6 +24,12 @@ from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 from kiln_operator.warmup.budget import ByteBudget
 from kiln_operator.warmup.plan import WarmupPlan, WarmupResult
 
+WARMUP_PARAMETER = "kiln_warmup"
+"""The request parameter that marks the gate's requests as warm-up: the runtime counts them
+apart from its load metrics, so the autoscaler neither scales on them nor reads their latency
+as the service's (a contract with the runtime: docs/metrics.md)."""
+MARK = {WARMUP_PARAMETER: True}
+
 READY_POLL_SECONDS = 0.25
 GRPC_GRACE_SECONDS = 3.0
 """How long gRPC may stay silent after HTTP reports ready before HTTP carries the attempt."""
@@ -183,7 +189,7 @@ async def run_attempt(
             with _shared_request(plan, protocol) as (inputs, outputs):
 
                 async def send() -> None:
-                    await client.infer(plan.model_name, inputs, outputs=outputs)
+                    await client.infer(plan.model_name, inputs, outputs=outputs, parameters=MARK)
 
                 return await _drive(plan, send, deadline, in_flight)
     finally:

@@ -39,6 +39,11 @@ class RequestedOutput:
         self.binary: Final = binary
 
 
+WARMUP_PARAMETER: Final = "kiln_warmup"
+"""The request parameter (a boolean) with which the operator's warm-up gate marks its requests:
+a contract with the operator (docs/metrics.md says what the runtime does with it)."""
+
+
 class InferRequest:
     def __init__(
         self,
@@ -50,6 +55,7 @@ class InferRequest:
         outputs: list[RequestedOutput] | None = None,
         timeout_seconds: float | None = None,
         binary_output: bool = False,
+        warmup: bool = False,
     ) -> None:
         self.model_name = model_name
         self.inputs = inputs
@@ -58,6 +64,7 @@ class InferRequest:
         self.outputs: list[RequestedOutput] = [] if outputs is None else outputs
         self.timeout_seconds = timeout_seconds
         self.binary_output = binary_output  # HTTP: the default for outputs that do not say
+        self.warmup = warmup  # marked as the warm-up gate's (``WARMUP_PARAMETER``)
 
 
 class InferResponse:
