@@ -52,6 +52,9 @@ class Evaluation:
     previous_replicas: int
     interval_seconds: float
     state_problem: str | None = None
+    changed_outside: str | None = None
+    """Why the replicas before it are not what the autoscaler left them at (someone scaled the
+    Deployment: `kubectl scale deployment`, another controller), or None."""
 
 
 FIELD_MANAGER = "kiln-autoscaler"
@@ -106,6 +109,9 @@ class Autoscaler:
         self.sources: dict[str, PrometheusSource] = {}
         self._memory: dict[tuple[str, str], tuple[str | None, ScalerState]] = {}
         self._own_versions: dict[tuple[str, str], deque[str]] = {}
+        self._replicas_seen: dict[tuple[str, str], tuple[int, int]] = {}
+        """Per service, the Deployment's replicas at its last evaluation and the count it
+        decided: a count that is neither was set by someone else."""
 
     def source(self, url: str) -> PrometheusSource:
         """The one PrometheusSource of this endpoint."""
@@ -121,6 +127,7 @@ class Autoscaler:
         """The service is gone: drop what was kept for it."""
         self._memory.pop((namespace, name), None)
         self._own_versions.pop((namespace, name), None)
+        self._replicas_seen.pop((namespace, name), None)
 
     def close(self) -> None:
         for source in self.sources.values():
@@ -192,6 +199,8 @@ class Autoscaler:
             max_batch_size=spec.runtime.batching.max_batch_size,
         )
         decision = decide(current, observed, scaling, state, now)
+        changed_outside = _changed_outside(self._replicas_seen.get((namespace, name)), current)
+        self._replicas_seen[(namespace, name)] = (current, decision.desired_replicas)
 
         # The explanation first, so whoever sees replicas change can read why.
         current_status = body.get("status") or {}
@@ -236,6 +245,7 @@ class Autoscaler:
             previous_replicas=current,
             interval_seconds=float(spec.autoscaling.evaluation_interval_seconds),
             state_problem=state_problem,
+            changed_outside=changed_outside,
         )
 
     async def _observe(
@@ -277,6 +287,19 @@ class Autoscaler:
                 {"metadata": {"annotations": {DELETION_COST_ANNOTATION: str(cost)}}},
             )
             self.cache.store(PODS.plural, written)
+
+
+def _changed_outside(seen: tuple[int, int] | None, current: int) -> str | None:
+    """Whether someone else set the Deployment's replicas since the last evaluation: they are
+    neither what they were then nor what the autoscaler decided (while its own write has not
+    reached the cache yet, they are what they were)."""
+    if seen is None or current in seen:
+        return None
+    before, decided = seen
+    return (
+        f"the Deployment's replicas were set to {current} outside the autoscaler "
+        f"(it had left them at {decided}{'' if before == decided else f', from {before}'})"
+    )
 
 
 def _parsed_status(written: Any) -> AutoscalingStatus | None:
