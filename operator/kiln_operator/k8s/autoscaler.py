@@ -295,10 +295,9 @@ def _changed_outside(seen: tuple[int, int] | None, current: int) -> str | None:
     reached the cache yet, they are what they were)."""
     if seen is None or current in seen:
         return None
-    before, decided = seen
     return (
         f"the Deployment's replicas were set to {current} outside the autoscaler "
-        f"(it had left them at {decided}{'' if before == decided else f', from {before}'})"
+        f"(it had left them at {seen[1]})"
     )
 
 
