@@ -125,8 +125,6 @@ async def _evaluate(memo: Any, namespace: str, name: str) -> float:
             reason=EVENT_INVALID_STATE,
             message=evaluation.state_problem,
         )
-    if evaluation.changed_outside:
-        logger.info(f"{namespace}/{name}: {evaluation.changed_outside}")
     if body is not None and decision.desired_replicas != evaluation.previous_replicas:
         up = decision.desired_replicas > evaluation.previous_replicas
         outside = f"{evaluation.changed_outside}; " if evaluation.changed_outside else ""

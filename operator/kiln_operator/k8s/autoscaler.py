@@ -54,7 +54,8 @@ class Evaluation:
     state_problem: str | None = None
     changed_outside: str | None = None
     """Why the replicas before it are not what the autoscaler left them at (someone scaled the
-    Deployment: `kubectl scale deployment`, another controller), or None."""
+    Deployment: `kubectl scale deployment`, another controller), until it corrects them; or
+    None."""
 
 
 FIELD_MANAGER = "kiln-autoscaler"
@@ -112,6 +113,9 @@ class Autoscaler:
         self._replicas_seen: dict[tuple[str, str], tuple[int, int]] = {}
         """Per service, the Deployment's replicas at its last evaluation and the count it
         decided: a count that is neither was set by someone else."""
+        self._outside: dict[tuple[str, str], tuple[int, str]] = {}
+        """Per service, a count set outside the autoscaler and not corrected yet (a hold
+        window may delay the correction), with what to say when it is."""
 
     def source(self, url: str) -> PrometheusSource:
         """The one PrometheusSource of this endpoint."""
@@ -128,6 +132,7 @@ class Autoscaler:
         self._memory.pop((namespace, name), None)
         self._own_versions.pop((namespace, name), None)
         self._replicas_seen.pop((namespace, name), None)
+        self._outside.pop((namespace, name), None)
 
     def close(self) -> None:
         for source in self.sources.values():
@@ -199,8 +204,7 @@ class Autoscaler:
             max_batch_size=spec.runtime.batching.max_batch_size,
         )
         decision = decide(current, observed, scaling, state, now)
-        changed_outside = _changed_outside(self._replicas_seen.get((namespace, name)), current)
-        self._replicas_seen[(namespace, name)] = (current, decision.desired_replicas)
+        changed_outside = self._changed_outside(namespace, name, current, decision)
 
         # The explanation first, so whoever sees replicas change can read why.
         current_status = body.get("status") or {}
@@ -247,6 +251,24 @@ class Autoscaler:
             state_problem=state_problem,
             changed_outside=changed_outside,
         )
+
+    def _changed_outside(
+        self, namespace: str, name: str, current: int, decision: Decision
+    ) -> str | None:
+        """What to say of a count set outside the autoscaler, until it is corrected."""
+        key = (namespace, name)
+        changed = _changed_outside(self._replicas_seen.get(key), current)
+        self._replicas_seen[key] = (current, decision.desired_replicas)
+        if changed is not None:
+            logger.info(f"{namespace}/{name}: {changed}")
+        else:
+            pending = self._outside.get(key)
+            changed = pending[1] if pending is not None and pending[0] == current else None
+        if changed is None or decision.desired_replicas != current:
+            self._outside.pop(key, None)  # corrected now (the event says so), or nothing to say
+        else:
+            self._outside[key] = (current, changed)
+        return changed
 
     async def _observe(
         self,

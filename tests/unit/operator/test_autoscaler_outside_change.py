@@ -47,3 +47,31 @@ async def test_a_restarted_autoscaler_names_no_outside_change() -> None:
     scale_by_hand(autoscaler, 9)
     evaluation = await autoscaler.evaluate("ns", "mlp", NOW)
     assert evaluation is not None and evaluation.changed_outside is None  # it knew no count
+
+
+async def test_a_correction_the_hold_window_delays_still_names_the_outside_change() -> None:
+    autoscaler, kube = evaluated([], [])  # blind, Fixed at 4: it never scales down
+    await autoscaler.evaluate("ns", "mlp", NOW)
+    scale_by_hand(autoscaler, 4)  # its own write arrives
+    await autoscaler.evaluate("ns", "mlp", NOW + timedelta(seconds=15))
+    scale_by_hand(autoscaler, 6)  # within the bounds: blind, it keeps 6
+    for seconds in (30, 45):
+        kept = await autoscaler.evaluate("ns", "mlp", NOW + timedelta(seconds=seconds))
+        assert kept is not None and kept.decision.desired_replicas == 6
+        assert kept.changed_outside is not None and "set to 6" in kept.changed_outside
+    # the spec's bound lowered: the correction comes, and names what happened
+    body = autoscaler.cache.get("inferenceservices", "ns", "mlp")
+    assert body is not None
+    lowered = copy.deepcopy(body)
+    lowered["spec"]["autoscaling"]["maxReplicas"] = 5
+    lowered["spec"]["autoscaling"]["whenMetricsMissing"] = {"policy": "Hold"}
+    lowered["metadata"]["generation"] = 2
+    autoscaler.cache.store("inferenceservices", lowered)
+    corrected = await autoscaler.evaluate("ns", "mlp", NOW + timedelta(seconds=60))
+    assert corrected is not None and corrected.decision.desired_replicas == 5
+    assert corrected.changed_outside == (
+        "the Deployment's replicas were set to 6 outside the autoscaler (it had left them at 4)"
+    )
+    after = await autoscaler.evaluate("ns", "mlp", NOW + timedelta(seconds=75))
+    assert after is not None and after.changed_outside is None
+    assert kube.scales[-1] == 5
