@@ -94,7 +94,10 @@ class DataPlane:
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        metrics.inflight.set_function(lambda: self._inflight)  # read at scrape, not per request
+        self._warmup_inflight = 0  # the warm-up gate's, not load (metrics.py)
+        metrics.inflight.set_function(  # read at scrape, not per request
+            lambda: self._inflight - self._warmup_inflight
+        )
         self.warmup_seconds: float | None = None
         self.cache: ResponseCache | None = None  # spec.runtime.cache: answers kept (issue 46)
         if config.cache is not None:
@@ -207,11 +210,19 @@ class DataPlane:
         if self._inflight == 1:
             self._idle.clear()
 
-    def request_finished(self, protocol: str, code: str, seconds: float) -> None:
+    def request_finished(
+        self, protocol: str, code: str, seconds: float, warmup: bool = False
+    ) -> None:
+        """Count a request that ``request_started`` counted in flight; ``warmup``: the warm-up
+        gate's, served before any load (``is_warmup``), counted apart from the load."""
         self._inflight -= 1
         if self._inflight == 0:
             self._idle.set()
-        self.metrics.request_duration[(protocol, code)].observe(seconds)
+        if warmup:
+            self._warmup_inflight -= 1
+            self.metrics.warmup_request_duration[(protocol, code)].observe(seconds)
+        else:
+            self.metrics.request_duration[(protocol, code)].observe(seconds)
         if code == errors.OK_METRIC_CODE:
             self._last_inference_ms = int(time.time() * 1000)
 
@@ -221,6 +232,18 @@ class DataPlane:
         so the autoscaler and dashboards see it. It was never in flight; ``seconds`` is what
         the transport spent on it (0 when it was refused before any decoding)."""
         self.metrics.request_duration[(protocol, code)].observe(seconds)
+
+    def is_warmup(self, request: InferRequest) -> bool:
+        """Whether a decoded request is the warm-up gate's: marked, and no request without the
+        mark has come before it. The first unmarked one starts the load metrics for good, and
+        from then on the mark counts for nothing (metrics.py says why that is safe)."""
+        metrics = self.metrics
+        if request.warmup and not metrics.load_seen:
+            metrics.warming = True
+            self._warmup_inflight += 1
+            return True
+        metrics.load_seen, metrics.warming = True, False
+        return False
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         self.metrics.stage[stage].observe(seconds)
@@ -251,12 +274,14 @@ class DataPlane:
         code = errors.OK_METRIC_CODE
         deadline: float | None = None
         encoding = False
+        warmup = False
         self.request_started()
         try:
             if decode_off_loop is not None:
                 request = await decode_off_loop()
             else:
                 request = decode()
+            warmup = self.is_warmup(request)
             if request.timeout_seconds is not None:
                 deadline = started + request.timeout_seconds
             decoded = time.perf_counter()
@@ -281,7 +306,7 @@ class DataPlane:
                 errors.ErrorKind.INTERNAL, "internal error; see server log"
             ) from bug
         finally:
-            self.request_finished(protocol, code, time.perf_counter() - started)
+            self.request_finished(protocol, code, time.perf_counter() - started, warmup)
 
     # ---------------------------------------------------------------- model queries
 

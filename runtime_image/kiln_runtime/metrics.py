@@ -11,6 +11,18 @@ event loop, or the model thread for the per-batch stages), so no lock is needed;
 see a sum and its count one observation apart, which is harmless. ``kiln_requests_total`` is
 the request histograms' counts, and the inflight and queue-depth gauges are read at scrape
 time, so a request updates no prometheus_client object at all.
+
+The operator's warm-up gate sends each new pod real-shaped requests before the pod joins its
+Service; they are not load, and the autoscaler must neither scale on them nor read their
+latency as the service's. The gate marks them (the request parameter ``kiln_warmup``), and a
+marked request the runtime reads before its first unmarked one is the gate's: it is counted in
+``kiln_warmup_requests_total`` and ``kiln_warmup_request_duration_seconds`` instead of the
+request metrics, and not in flight; from the first marked request to the first unmarked one
+(``warming``) the queue depth reads 0 and no batch or queue wait is recorded (every request
+queued meanwhile was the gate's). From then on every request is load, marked or not, so a
+client that fakes the mark hides only what it sent before the pod served anyone else: the pod
+joins its Service only after the gate passed, so that is the warm-up itself. A request the
+runtime cannot read (its mark unknown) counts as load, as does a refusal by the transport.
 """
 
 from __future__ import annotations
@@ -167,6 +179,29 @@ class RuntimeMetrics:
         self.request_duration = {
             (p, c): request_duration.labels(model, p, c) for p in PROTOCOLS for c in METRIC_CODES
         }
+        warmup_duration = _HistogramFamily(
+            "kiln_warmup_request_duration_seconds",
+            "Latency of the warm-up gate's requests, served before the runtime's first other "
+            "request (not load: the autoscaler does not read them), by outcome.",
+            ["model", "protocol", "code"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        _CountsOf(
+            "kiln_warmup_requests",
+            "The warm-up gate's requests answered before the runtime's first other request.",
+            warmup_duration,
+            r,
+        )
+        self.warmup_request_duration = {
+            (p, c): warmup_duration.labels(model, p, c) for p in PROTOCOLS for c in METRIC_CODES
+        }
+        self.load_seen = False
+        """Whether a request without the warm-up mark has been read: from then on, every
+        request is load."""
+        self.warming = False
+        """Whether requests have been read and all were the warm-up gate's: meanwhile the queue
+        depth reads 0 and batches are not recorded."""
         self.stage = {s: stage.labels(model, s) for s in STAGES}
         self.queue_wait_seconds = _HistogramFamily(
             "kiln_queue_wait_seconds",
@@ -192,7 +227,7 @@ class RuntimeMetrics:
         self._queue_depth = 0  # read at scrape time: the batcher reports it on every change
         Gauge(
             "kiln_queue_depth", "Requests waiting in the batcher queue.", ["model"], registry=r
-        ).labels(model).set_function(lambda: self._queue_depth)
+        ).labels(model).set_function(lambda: 0 if self.warming else self._queue_depth)
         self.inflight = Gauge(
             "kiln_inflight_requests",
             "Inference requests accepted and not yet answered.",
@@ -218,8 +253,10 @@ class RuntimeMetrics:
         self._queue_depth = depth
 
     def queue_wait(self, seconds: float) -> None:
-        self.queue_wait_seconds.observe(seconds)
+        if not self.warming:
+            self.queue_wait_seconds.observe(seconds)
 
     def batch_done(self, rows: int, compute_seconds: float) -> None:
-        self.batch_size.observe(rows)
-        self.compute_seconds.observe(compute_seconds)
+        if not self.warming:  # meanwhile every batch holds only the gate's requests
+            self.batch_size.observe(rows)
+            self.compute_seconds.observe(compute_seconds)

@@ -151,25 +151,31 @@ def sighted_proposal(
         update={"unhealthy_since": None, "healthy_since": state.healthy_since or now}
     )
     if capacity is None or capacity <= 0:
-        return Proposal(current, reasons.STEADY, f"{signals}; capacity not yet known", healthy)
-    needed = math.ceil(demand / (capacity * utilization))
-    sizing = f"{signals}; need {needed} at {scaling.target_utilization_percent}% utilization"
-    if demand > current * capacity * utilization * (1.0 + HEADROOM_TOLERANCE) and measured:
-        wanted = min(needed, _step_up_limit(current, scaling))
-        return _scale_up(
-            current,
-            wanted,
-            arrivals_need=wanted,
-            pending=pending,
-            reason=reasons.HEADROOM_LOW,
-            explanation=sizing,
-            state=healthy,
-            now=now,
-            cold_start=cold_start,
-        )
-    # Down-sizing keeps the same band on the other side: the smaller count must run at no more
-    # than the target minus the tolerance, so a step down is never undone by noise.
-    needed = math.ceil(demand / (capacity * utilization * (1.0 - HEADROOM_TOLERANCE)))
+        if demand > 0:
+            return Proposal(current, reasons.STEADY, f"{signals}; capacity not yet known", healthy)
+        # No demand needs no replica whatever the capacity: a service that never had traffic
+        # (no capacity measured) still comes down to its floor from a count set by hand or a
+        # pre-warm window, by the same hold window and steps.
+        needed, sizing = 0, f"{signals}; none needed without demand"
+    else:
+        needed = math.ceil(demand / (capacity * utilization))
+        sizing = f"{signals}; need {needed} at {scaling.target_utilization_percent}% utilization"
+        if demand > current * capacity * utilization * (1.0 + HEADROOM_TOLERANCE) and measured:
+            wanted = min(needed, _step_up_limit(current, scaling))
+            return _scale_up(
+                current,
+                wanted,
+                arrivals_need=wanted,
+                pending=pending,
+                reason=reasons.HEADROOM_LOW,
+                explanation=sizing,
+                state=healthy,
+                now=now,
+                cold_start=cold_start,
+            )
+        # Down-sizing keeps the same band on the other side: the smaller count must run at no
+        # more than the target minus the tolerance, so a step down is never undone by noise.
+        needed = math.ceil(demand / (capacity * utilization * (1.0 - HEADROOM_TOLERANCE)))
     if needed >= current:
         return Proposal(current, reasons.STEADY, sizing, healthy)
 

@@ -136,12 +136,13 @@ async def _evaluate(memo: Any, namespace: str, name: str) -> float:
         )
     if body is not None and decision.desired_replicas != evaluation.previous_replicas:
         up = decision.desired_replicas > evaluation.previous_replicas
+        outside = f"{evaluation.changed_outside}; " if evaluation.changed_outside else ""
         await post_event(
             memo.kube,
             body,
             type="Normal",
             reason=EVENT_SCALED_UP if up else EVENT_SCALED_DOWN,
             message=f"{evaluation.previous_replicas} -> {decision.desired_replicas}"
-            f" ({decision.reason}): {decision.message}",
+            f" ({decision.reason}): {outside}{decision.message}",
         )
     return evaluation.interval_seconds

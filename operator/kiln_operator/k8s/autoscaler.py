@@ -55,6 +55,10 @@ class Evaluation:
     state_problem: str | None = None
     learned_change: str | None = None
     """The learned pre-warm's floor changed (or it turned on or off): what to announce."""
+    changed_outside: str | None = None
+    """Why the replicas before it are not what the autoscaler left them at (someone scaled the
+    Deployment: `kubectl scale deployment`, another controller), until it corrects them; or
+    None."""
 
 
 FIELD_MANAGER = "kiln-autoscaler"
@@ -111,6 +115,12 @@ class Autoscaler:
         """Per endpoint, the learned pre-warm's history reads and fits."""
         self._memory: dict[tuple[str, str], tuple[str | None, ScalerState]] = {}
         self._own_versions: dict[tuple[str, str], deque[str]] = {}
+        self._replicas_seen: dict[tuple[str, str], tuple[int, int]] = {}
+        """Per service, the Deployment's replicas at its last evaluation and the count it
+        decided: a count that is neither was set by someone else."""
+        self._outside: dict[tuple[str, str], tuple[int, str]] = {}
+        """Per service, a count set outside the autoscaler and not corrected yet (a hold
+        window may delay the correction), with what to say when it is."""
 
     def source(self, url: str) -> PrometheusSource:
         """The one PrometheusSource of this endpoint."""
@@ -134,6 +144,8 @@ class Autoscaler:
         self._own_versions.pop((namespace, name), None)
         for history in self.histories.values():
             history.forget((namespace, name))
+        self._replicas_seen.pop((namespace, name), None)
+        self._outside.pop((namespace, name), None)
 
     def close(self) -> None:
         for source in self.sources.values():
@@ -215,6 +227,7 @@ class Autoscaler:
             max_batch_size=spec.runtime.batching.max_batch_size,
         )
         decision = decide(current, observed, scaling, state, now)
+        changed_outside = self._changed_outside(namespace, name, current, decision)
 
         # The explanation first, so whoever sees replicas change can read why.
         current_status = body.get("status") or {}
@@ -260,7 +273,26 @@ class Autoscaler:
             interval_seconds=float(spec.autoscaling.evaluation_interval_seconds),
             state_problem=state_problem,
             learned_change=learned_change(said, new_status),
+            changed_outside=changed_outside,
         )
+
+    def _changed_outside(
+        self, namespace: str, name: str, current: int, decision: Decision
+    ) -> str | None:
+        """What to say of a count set outside the autoscaler, until it is corrected."""
+        key = (namespace, name)
+        changed = _changed_outside(self._replicas_seen.get(key), current)
+        self._replicas_seen[key] = (current, decision.desired_replicas)
+        if changed is not None:
+            logger.info(f"{namespace}/{name}: {changed}")
+        else:
+            pending = self._outside.get(key)
+            changed = pending[1] if pending is not None and pending[0] == current else None
+        if changed is None or decision.desired_replicas != current:
+            self._outside.pop(key, None)  # corrected now (the event says so), or nothing to say
+        else:
+            self._outside[key] = (current, changed)
+        return changed
 
     async def _observe(
         self,
@@ -318,6 +350,18 @@ def learned_change(written: Any, new: AutoscalingStatus) -> str | None:
     if not learned.active:
         return f"learned pre-warm off ({learned.reason}): {learned.message}"
     return f"learned floor {old_floor} -> {learned.floor_replicas}: {learned.message}"
+
+
+def _changed_outside(seen: tuple[int, int] | None, current: int) -> str | None:
+    """Whether someone else set the Deployment's replicas since the last evaluation: they are
+    neither what they were then nor what the autoscaler decided (while its own write has not
+    reached the cache yet, they are what they were)."""
+    if seen is None or current in seen:
+        return None
+    return (
+        f"the Deployment's replicas were set to {current} outside the autoscaler "
+        f"(it had left them at {seen[1]})"
+    )
 
 
 def _parsed_status(written: Any) -> AutoscalingStatus | None:

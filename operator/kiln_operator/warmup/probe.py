@@ -24,6 +24,12 @@ from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 from kiln_operator.warmup.budget import ByteBudget
 from kiln_operator.warmup.plan import WarmupPlan, WarmupResult
 
+WARMUP_PARAMETER = "kiln_warmup"
+"""The request parameter that marks the gate's requests as warm-up: the runtime counts them
+apart from its load metrics, so the autoscaler neither scales on them nor reads their latency
+as the service's (a contract with the runtime: docs/metrics.md)."""
+MARK = {WARMUP_PARAMETER: True}
+
 READY_POLL_SECONDS = 0.25
 GRPC_GRACE_SECONDS = 3.0
 """How long gRPC may stay silent after HTTP reports ready before HTTP carries the attempt."""
@@ -89,6 +95,8 @@ BYPASS_CACHE = {"kiln_cache_bypass": True}
 """Every warm-up request is the same one: without this parameter a response cache
 (spec.runtime.cache) would answer all but the first, and the gate would judge the cache, not
 the warmed model. The runtime neither looks such a request up nor keeps its answer."""
+GATE_PARAMETERS = {**MARK, **BYPASS_CACHE}
+"""What every gate request carries: counted apart from load, and never answered from a cache."""
 
 
 async def _drive(
@@ -190,7 +198,7 @@ async def run_attempt(
 
                 async def send() -> None:
                     await client.infer(
-                        plan.model_name, inputs, outputs=outputs, parameters=BYPASS_CACHE
+                        plan.model_name, inputs, outputs=outputs, parameters=GATE_PARAMETERS
                     )
 
                 return await _drive(plan, send, deadline, in_flight)

@@ -102,7 +102,9 @@ async def _exchange(sock: socket.socket, description: tuple[Any, ...], body: byt
     answer = pickle.loads(await _received(sock, bytearray(size)))
     if answer[0] == "error":
         raise errors.InferError(errors.ErrorKind[answer[1]], answer[2])
-    _, name, version, request_id, inputs, outputs, timeout, binary_output, parameters = answer
+    (_, name, version, request_id, inputs, outputs, timeout, binary_output, parameters, warmup) = (
+        answer
+    )
     tensors = []
     for tensor_name, datatype, dtype, shape, nbytes in inputs:
         raw = np.empty(nbytes, dtype=np.uint8)
@@ -117,6 +119,7 @@ async def _exchange(sock: socket.socket, description: tuple[Any, ...], body: byt
         timeout_seconds=timeout,
         binary_output=binary_output,
         parameters=parameters,
+        warmup=warmup,
     )
 
 

@@ -59,7 +59,7 @@ def serve_decoding(sock: socket.socket) -> None:
                 [(t.name, t.datatype, a.dtype.str, a.shape, a.nbytes)
                  for t, a in zip(request.inputs, arrays, strict=True)],
                 [(o.name, o.binary) for o in request.outputs],
-                request.timeout_seconds, request.binary_output, request.parameters,
+                request.timeout_seconds, request.binary_output, request.parameters, request.warmup,
             )  # fmt: skip
         del body
         encoded = pickle.dumps(answer)

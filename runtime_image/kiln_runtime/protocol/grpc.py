@@ -22,6 +22,7 @@ from kiln_runtime.datatypes import from_json_values
 from kiln_runtime.protocol import health, reflection
 from kiln_runtime.protocol.grpcserver import GrpcService, StreamMethod, UnaryMethod
 from kiln_runtime.protocol.types import (
+    WARMUP_PARAMETER,
     InferRequest,
     InferResponse,
     RequestedOutput,
@@ -74,6 +75,12 @@ def decode_infer(message: Any, max_bytes: int) -> InferRequest:
         if micros <= 0:
             raise errors.invalid(f"parameter 'timeout' must be positive microseconds: {micros}")
         timeout = micros / 1e6
+    warmup = False
+    if WARMUP_PARAMETER in parameters:
+        marked = parameters[WARMUP_PARAMETER]
+        if marked.WhichOneof("parameter_choice") != "bool_param":
+            raise errors.invalid(f"parameter '{WARMUP_PARAMETER}' must be a boolean")
+        warmup = marked.bool_param
     return InferRequest(
         model_name=message.model_name,
         model_version=message.model_version,
@@ -82,6 +89,7 @@ def decode_infer(message: Any, max_bytes: int) -> InferRequest:
         outputs=[RequestedOutput(o.name) for o in message.outputs[:]],
         timeout_seconds=timeout,
         parameters=parameters,
+        warmup=warmup,
     )
 
 

@@ -20,6 +20,7 @@ from kiln_runtime import __version__, errors
 from kiln_runtime.dataplane import DataPlane
 from kiln_runtime.datatypes import from_json_values, to_json_array
 from kiln_runtime.protocol.types import (
+    WARMUP_PARAMETER,
     InferRequest,
     InferResponse,
     RequestedOutput,
@@ -266,6 +267,9 @@ def _request_from_document(
     timeout = parameters.get("timeout")
     if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
         raise errors.invalid(f"parameter 'timeout' must be a positive number of us: {timeout!r}")
+    warmup = parameters.get(WARMUP_PARAMETER, False)
+    if not isinstance(warmup, bool):
+        raise errors.invalid(f"parameter '{WARMUP_PARAMETER}' must be a boolean: {warmup!r}")
     return InferRequest(
         model_name=model_name,
         model_version=version,
@@ -275,6 +279,7 @@ def _request_from_document(
         timeout_seconds=None if timeout is None else timeout / 1e6,
         binary_output=binary_default,
         parameters=parameters,
+        warmup=warmup,
     )
 
 

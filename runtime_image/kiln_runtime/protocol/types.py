@@ -39,6 +39,11 @@ class RequestedOutput:
         self.binary: Final = binary
 
 
+WARMUP_PARAMETER: Final = "kiln_warmup"
+"""The request parameter (a boolean) with which the operator's warm-up gate marks its requests:
+a contract with the operator (docs/metrics.md says what the runtime does with it)."""
+
+
 class InferRequest:
     def __init__(
         self,
@@ -51,6 +56,7 @@ class InferRequest:
         timeout_seconds: float | None = None,
         binary_output: bool = False,
         parameters: Any = None,
+        warmup: bool = False,
     ) -> None:
         self.model_name = model_name
         self.inputs = inputs
@@ -62,6 +68,7 @@ class InferRequest:
         # The request's parameters as decoded (HTTP: the JSON object; gRPC: the message's map of
         # InferParameter), unread but by the response cache, whose key covers them.
         self.parameters = parameters
+        self.warmup = warmup  # marked as the warm-up gate's (``WARMUP_PARAMETER``)
 
 
 class InferResponse:

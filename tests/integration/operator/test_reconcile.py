@@ -172,10 +172,10 @@ def _resyncs(process: OperatorProcess) -> int:
     return process.output().count(" resynced ")
 
 
-def test_drift_on_children_is_reverted_but_replicas_are_left_alone(
-    cluster: Cluster, namespace: str, operator: OperatorProcess
+def test_drift_on_children_is_reverted_and_replicas_are_the_autoscalers_alone(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, audit: AuditLog
 ) -> None:
-    apply(cluster, namespace, gpu_service("mlp"))
+    apply(cluster, namespace, gpu_service("mlp", autoscaling={"maxReplicas": 2}))
     wait_for(
         lambda: children_exist(cluster, namespace, "mlp", pdb=False),
         timeout=LONG,
@@ -195,16 +195,35 @@ def test_drift_on_children_is_reverted_but_replicas_are_left_alone(
         description="the deleted Service recreated",
     )
 
+    mark = audit.mark()
     cluster.kubectl("scale", "deployment/mlp", "--replicas=3", "-n", namespace)
-    # three replicas: a PDB appears; the replica count stays where the "autoscaler" put it
+    # Scaled by hand past maxReplicas: the autoscaler takes 3 as the current count and brings it
+    # back to maxReplicas at once, saying so (docs/autoscaling.md, "Who writes replicas"). It is
+    # blind here (no Prometheus), so a count within the bounds would stay: it never scales down
+    # without metrics. More than one replica: a PDB appears.
+    scaled_down = wait_for(
+        lambda: cluster.get_json(
+            "events", "-n", namespace, "--field-selector",
+            "involvedObject.name=mlp,reason=ScaledDown",
+        )["items"],
+        timeout=30, description="the autoscaler's correction",
+    )  # fmt: skip
+    message = scaled_down[0]["message"]
+    assert message.startswith("3 -> 2 (MaxReplicas): "), message
+    assert "the Deployment's replicas were set to 3 outside the autoscaler" in message, message
     wait_for(
         lambda: get(cluster, namespace, "poddisruptionbudget", "mlp") is not None,
         timeout=30,
-        description="a PDB for three replicas",
+        description="a PDB for more than one replica",
     )
     deployment = get(cluster, namespace, "deployment", "mlp")
     assert deployment is not None
-    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["replicas"] == 2
+    # The reconcile loop wrote no replicas: the autoscaler's scale subresource did.
+    reconcile_writes = audit.operator_writes(mark, namespace, RECONCILE_AGENTS)
+    assert not any(
+        w.startswith(("update deployments", "patch deployments")) for w in reconcile_writes
+    ), reconcile_writes
 
 
 def test_deleting_the_service_removes_its_children_through_the_garbage_collector(

@@ -4,7 +4,9 @@ import asyncio
 import dataclasses
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
+import tritonclient.http as httpclient
 
 from kiln_localcluster.processes import free_ports
 from kiln_operator.warmup import plan as warmup
@@ -35,16 +37,31 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
         yield server
 
 
-def served(runtime: Runtime, protocol: str) -> float:
-    """Successful requests the runtime counted for ``protocol``."""
+def counted(runtime: Runtime, metric: str, protocol: str, code: str = "ok") -> float:
+    """The runtime's count of ``metric`` (a counter) for ``protocol`` and ``code``."""
     for line in runtime.metrics().splitlines():
         if (
-            line.startswith("kiln_requests_total")
+            line.startswith(metric + "{")
             and f'protocol="{protocol}"' in line
-            and 'code="ok"' in line
+            and f'code="{code}"' in line
         ):
             return float(line.split()[-1])
     return 0.0
+
+
+def served(runtime: Runtime, protocol: str) -> float:
+    """Successful requests the runtime counted for ``protocol``: as load or as warm-up."""
+    return counted(runtime, "kiln_requests_total", protocol) + counted(
+        runtime, "kiln_warmup_requests_total", protocol
+    )
+
+
+def sample(runtime: Runtime, series: str) -> float:
+    """The value of one exposed series, named with its labels exactly as exposed."""
+    for line in runtime.metrics().splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{series} not exposed")
 
 
 async def test_warm_runtime_passes_over_grpc(runtime: Runtime) -> None:
@@ -113,3 +130,38 @@ async def test_attempts_sharing_a_small_budget_all_pass_and_never_exceed_it(
     assert served(runtime, "grpc") - before == 3 * PLAN.requests
     assert budget.peak_held == sized.attempt_bytes(3)  # the concurrency shrank from 8 to 3
     assert budget.held == 0
+
+
+async def test_the_gates_requests_are_not_load_until_a_client_request_arrives(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A fresh runtime, as the gate finds it: the attempt's requests (over gRPC, and over HTTP
+    when gRPC is silent) are counted as warm-up, and none of the autoscaler's series move; a
+    client's request then starts the load metrics, and from then on a mark hides nothing."""
+    model = tmp_path_factory.mktemp("mlp")
+    write_example("mlp", model)
+    with running(model, tmp_path_factory.mktemp("logs")) as fresh:
+        for grpc_port in (fresh.grpc_port, free_ports(1)[0]):  # gRPC, then HTTP
+            result = await run_attempt(PLAN, HOST, grpc_port, fresh.http_port)
+            assert warmup.judge(PLAN, result).passed
+        for protocol in ("grpc", "http"):
+            assert counted(fresh, "kiln_warmup_requests_total", protocol) == PLAN.requests
+            assert counted(fresh, "kiln_requests_total", protocol) == 0
+            ok = f'{{code="ok",model="mlp",protocol="{protocol}"}}'
+            assert sample(fresh, f"kiln_request_duration_seconds_count{ok}") == 0
+        assert sample(fresh, 'kiln_batch_size_count{model="mlp"}') == 0
+        assert sample(fresh, 'kiln_queue_wait_seconds_count{model="mlp"}') == 0
+
+        client = httpclient.InferenceServerClient(f"{HOST}:{fresh.http_port}")
+        try:
+            tensor = httpclient.InferInput("INPUT__0", [1, 512], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 512), dtype=np.float32))
+            client.infer("mlp", [tensor])
+        finally:
+            client.close()
+        assert counted(fresh, "kiln_requests_total", "http") == 1
+        assert sample(fresh, 'kiln_batch_size_count{model="mlp"}') == 1
+        result = await run_attempt(PLAN, HOST, fresh.grpc_port, fresh.http_port)
+        assert warmup.judge(PLAN, result).passed
+        assert counted(fresh, "kiln_requests_total", "grpc") == PLAN.requests
+        assert counted(fresh, "kiln_warmup_requests_total", "grpc") == PLAN.requests

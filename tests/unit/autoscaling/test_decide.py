@@ -325,6 +325,22 @@ def test_idle_nan_latency_is_healthy_not_missing() -> None:
     assert decision.state.healthy_since == NOW
 
 
+def test_without_demand_the_replicas_come_down_even_before_any_capacity_is_known() -> None:
+    """A service that never had traffic has no capacity estimate; set to 3 by hand (or left
+    there by a pre-warm window) it still comes down by the hold window and the steps. With
+    traffic, the demand is what sizes (here: no step down)."""
+    idle = seen(3, p99=math.nan, rate=0, queue=0)
+    healthy = ScalerState(healthy_since=ago(300))
+    assert healthy.capacity_per_replica is None
+    decision = decide(3, idle, make_spec(), healthy, NOW)
+    assert (decision.desired_replicas, decision.reason) == (2, reasons.LOAD_DECREASED)
+    assert "none needed without demand" in decision.message
+    held = decide(3, idle, make_spec(), ScalerState(healthy_since=ago(10)), NOW)
+    assert (held.desired_replicas, held.reason) == (3, reasons.SCALE_DOWN_HELD)
+    busy = decide(3, seen(3, p99=0.01, rate=5, queue=0), make_spec(), healthy, NOW)
+    assert (busy.desired_replicas, busy.reason) == (3, reasons.STEADY)
+
+
 def test_no_traffic_reads_as_no_traffic_never_as_a_latency_of_zero() -> None:
     idle = seen(2, p99=0.0, rate=0, queue=0)  # some exporters answer 0, not NaN
     decision = decide(2, idle, make_spec(), MEASURED, NOW)

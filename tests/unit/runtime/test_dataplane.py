@@ -228,3 +228,62 @@ async def test_the_inline_limit_follows_whether_the_model_leaves_the_loop_a_cpu(
     assert dp._batcher.inline_rows == inline_rows
     await dp.stop()
     executor.shutdown()
+
+
+def _sample(text: str, series: str) -> float:
+    """The value of one exposed series (its name and labels exactly as exposed)."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{series} not exposed")
+
+
+async def test_the_warm_up_gates_requests_are_no_load_until_a_client_request_arrives() -> None:
+    class Slow(Adder):  # computes in the model thread, so later requests queue behind it
+        def forward(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+            time.sleep(0.1)
+            return super().forward(inputs)
+
+    executor = ThreadPoolExecutor(max_workers=1)
+    dp = DataPlane(config(), RuntimeMetrics("adder"), executor=executor)
+    await dp.start(Slow)
+
+    def marked(mark: bool) -> InferRequest:
+        built = request()
+        built.warmup = mark
+        return built
+
+    async def send(protocol: str, mark: bool) -> Any:
+        return await dp.handle(protocol, lambda: marked(mark), lambda response: response)
+
+    def scrape() -> str:
+        return generate_latest(dp.metrics.registry).decode()
+
+    warmups = [asyncio.ensure_future(send("grpc", True))]
+    await asyncio.sleep(0.03)  # computing
+    warmups += [asyncio.ensure_future(send("grpc", True)) for _ in range(2)]
+    await asyncio.sleep(0.03)  # queued behind it
+    text = scrape()
+    assert dp.metrics._queue_depth >= 1  # queued indeed, and not load
+    assert _sample(text, 'kiln_queue_depth{model="adder"}') == 0.0
+    assert _sample(text, 'kiln_inflight_requests{model="adder"}') == 0.0
+    await asyncio.gather(*warmups)
+    text = scrape()
+    grpc_ok = '{code="ok",model="adder",protocol="grpc"}'
+    assert _sample(text, f"kiln_warmup_requests_total{grpc_ok}") == 3.0
+    assert _sample(text, f"kiln_warmup_request_duration_seconds_count{grpc_ok}") == 3.0
+    assert _sample(text, f"kiln_requests_total{grpc_ok}") == 0.0
+    assert _sample(text, f"kiln_request_duration_seconds_count{grpc_ok}") == 0.0
+    assert _sample(text, 'kiln_batch_size_count{model="adder"}') == 0.0
+    assert _sample(text, 'kiln_queue_wait_seconds_count{model="adder"}') == 0.0
+
+    # A client's request: load from now on, and a mark no longer hides anything.
+    await send("grpc", False)
+    await send("grpc", True)
+    text = scrape()
+    assert _sample(text, f"kiln_requests_total{grpc_ok}") == 2.0
+    assert _sample(text, f"kiln_warmup_requests_total{grpc_ok}") == 3.0
+    assert _sample(text, 'kiln_batch_size_count{model="adder"}') == 2.0
+    assert dp.metrics.load_seen and not dp.metrics.warming
+    await dp.stop()
+    executor.shutdown()

@@ -23,6 +23,24 @@ def test_raw_contents_are_viewed_and_timeout_read() -> None:
     assert (request.model_name, request.model_version, request.id) == ("m", "1", "x")
 
 
+def test_the_warm_up_mark_is_a_boolean_parameter() -> None:
+    def message() -> service_pb2.ModelInferRequest:
+        built = service_pb2.ModelInferRequest(model_name="m")
+        built.inputs.add(name="A", datatype="FP32", shape=[1])
+        built.raw_input_contents.append(b"\0" * 4)
+        return built
+
+    assert decode_infer(message(), 1024).warmup is False
+    marked = message()
+    marked.parameters["kiln_warmup"].bool_param = True
+    assert decode_infer(marked, 1024).warmup is True
+    wrong = message()
+    wrong.parameters["kiln_warmup"].string_param = "true"
+    with pytest.raises(errors.InferError, match="'kiln_warmup' must be a boolean") as failure:
+        decode_infer(wrong, 1024)
+    assert failure.value.kind is errors.ErrorKind.INVALID
+
+
 def test_every_input_meets_its_own_raw_contents_in_order() -> None:
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     b = np.array([[7, 8, 9, 10], [11, 12, 13, 14]], dtype=np.int32)

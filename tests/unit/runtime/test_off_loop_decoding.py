@@ -131,7 +131,9 @@ async def test_the_decoding_process_returns_the_request_as_the_loop_would_decode
 
     document = orjson.loads(body(1_000))
     document["id"] = "r1"
-    document["parameters"] = {"kiln_cache_bypass": True, "timeout": 5_000_000, "tag": "x"}
+    document["parameters"] = {
+        "kiln_cache_bypass": True, "kiln_warmup": True, "timeout": 5_000_000, "tag": "x"
+    }  # fmt: skip
     payload = orjson.dumps(document)
     process = decoding.DecodingProcess()
     try:
@@ -141,6 +143,7 @@ async def test_the_decoding_process_returns_the_request_as_the_loop_would_decode
     want = rest.decode_infer("adder", "1", {}, payload, 1 << 30)
     assert got.parameters == want.parameters == document["parameters"]
     assert (got.id, got.timeout_seconds, got.binary_output) == ("r1", 5.0, False)
+    assert got.warmup is want.warmup is True
     assert [(o.name, o.binary) for o in got.outputs] == [("COUNT", False)]
     for ours, theirs in zip(got.inputs, want.inputs, strict=True):
         assert (ours.name, ours.datatype) == (theirs.name, theirs.datatype)

@@ -96,6 +96,21 @@ def test_malformed_requests_are_invalid(headers: dict[str, str], body: bytes, me
     assert failure.value.kind is errors.ErrorKind.INVALID
 
 
+def test_the_warm_up_mark_is_a_boolean_parameter() -> None:
+    tensor = {"name": "A", "datatype": "FP32", "shape": [1], "data": [1]}
+
+    def decoded(parameters: dict[str, Any]) -> bool:
+        body = json.dumps({"inputs": [tensor], "parameters": parameters}).encode()
+        return decode_infer("m", "", {}, body, LIMIT).warmup
+
+    assert decoded({"kiln_warmup": True}) is True
+    assert decoded({"kiln_warmup": False}) is False
+    assert decoded({}) is False
+    with pytest.raises(errors.InferError, match="'kiln_warmup' must be a boolean") as failure:
+        decoded({"kiln_warmup": "yes"})
+    assert failure.value.kind is errors.ErrorKind.INVALID
+
+
 def test_binary_sizes_must_match_the_data_sent() -> None:
     tensor = {"name": "A", "datatype": "FP32", "shape": [2]}
     headers, body = binary_body(
