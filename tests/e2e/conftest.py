@@ -145,9 +145,13 @@ def cluster(request: pytest.FixtureRequest) -> E2ECluster:
     session: SessionCluster = request.getfixturevalue("real_node")
     cluster = E2ECluster(Path(session.info.kubeconfig), kubectl_path, local=session.local)
     cluster.kubectl("apply", "-k", str(REPO / "crds"))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s",
-        "crd/inferenceservices.serving.kiln.dev",
+    # `kubectl wait` fails outright while a new CRD has no conditions yet: poll instead
+    wait_for(
+        lambda: cluster.kubectl(
+            "get", "crd/inferenceservices.serving.kiln.dev", "-o",
+            "jsonpath={.status.conditions[?(@.type=='Established')].status}", check=False,
+        ).stdout.strip() == "True",
+        timeout=60, description="the InferenceService CRD established",
     )  # fmt: skip
     return cluster
 
