@@ -183,6 +183,17 @@ def _policy_violations(spec: InferenceServiceSpec, policy: Policy) -> list[str]:
             f"{label}: spec.model.uri reads claim {claim!r}, not one of allowedModelClaims "
             f"{limits.allowed_model_claims}"
         )
+    cache = spec.runtime.cache
+    redis = None if cache is None or cache.redis is None else cache.redis.address
+    if (
+        redis is not None
+        and limits.allowed_redis_addresses is not None
+        and redis not in limits.allowed_redis_addresses
+    ):
+        problems.append(
+            f"{label}: spec.runtime.cache.redis.address {redis!r} is not one of "
+            f"allowedRedisAddresses {limits.allowed_redis_addresses}"
+        )
     return problems + _pod_violations(spec, policy)
 
 

@@ -180,6 +180,15 @@ def test_a_profile_value_that_breaks_a_cross_field_check_names_the_field_and_pro
             "reads claim 'other-team', not one of allowedModelClaims ['models']",
         ),
         (
+            {"allowedRedisAddresses": ["redis.cache.svc:6379"]},
+            {
+                "model": {**MODEL, "deterministic": True},
+                "runtime": {"cache": {"redis": {"address": "10.0.0.9:6379"}}},
+            },
+            "spec.runtime.cache.redis.address '10.0.0.9:6379' is not one of "
+            "allowedRedisAddresses ['redis.cache.svc:6379']",
+        ),
+        (
             {"allowedPrometheusUrls": ["http://prometheus.monitoring:9090"]},
             {"autoscaling": {"prometheusUrl": "http://prometheus.monitoring:9091"}},
             "'http://prometheus.monitoring:9091' is not an endpoint the platform allows",
@@ -208,6 +217,12 @@ def test_a_spec_within_every_limit_runs() -> None:
     assert spec_of(state, {"model": MODEL}).resources.gpu_count == 1
     claim = {**MODEL, "uri": "pvc://models/mlp.pt"}
     assert spec_of(state, {"model": claim, "autoscaling": {"prometheusUrl": "http://prom:9090"}})
+    cached = {"redis": {"address": "redis.cache.svc:6379"}}
+    allowed = policy("cache", allowedRedisAddresses=["redis.cache.svc:6379"])
+    state = PlatformState(cluster_profiles=[PLATFORM], cluster_policies=[limits, allowed])
+    deterministic = {**MODEL, "deterministic": True}
+    served = spec_of(state, {"model": deterministic, "runtime": {"cache": cached}})
+    assert served.runtime.cache is not None and served.runtime.cache.redis is not None
 
 
 def test_a_namespace_policy_narrows_the_cluster_policy_and_never_widens_it() -> None:

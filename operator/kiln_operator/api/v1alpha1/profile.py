@@ -124,6 +124,12 @@ class InferencePolicySpec(ApiModel):
         list[Annotated[str, Field(min_length=1, max_length=253)]] | None, Field(max_length=256)
     ] = None
     """PersistentVolumeClaims a pvc:// model may be read from."""
+    allowed_redis_addresses: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=261)]] | None, Field(max_length=64)
+    ] = None
+    """Redis servers (host:port, exactly as written in the service) that
+    spec.runtime.cache.redis.address may name: without it a service's pods connect to any
+    address its spec gives. An empty list forbids a shared cache."""
     allowed_prometheus_urls: Annotated[
         list[Annotated[str, Field(max_length=512, pattern=r"^https?://[^\s]+$")]] | None,
         Field(max_length=64),
