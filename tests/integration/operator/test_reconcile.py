@@ -2,6 +2,7 @@
 writes when converged, and a kill -9 in the middle of a reconcile."""
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -175,12 +176,15 @@ def _resyncs(process: OperatorProcess) -> int:
 def test_drift_on_children_is_reverted_and_replicas_are_the_autoscalers_alone(
     cluster: Cluster, namespace: str, operator: OperatorProcess, audit: AuditLog
 ) -> None:
-    apply(cluster, namespace, gpu_service("mlp", autoscaling={"maxReplicas": 2}))
+    interval = 5  # the shortest evaluation interval the API allows
+    autoscaling = {"maxReplicas": 2, "evaluationIntervalSeconds": interval}
+    apply(cluster, namespace, gpu_service("mlp", autoscaling=autoscaling))
     wait_for(
         lambda: children_exist(cluster, namespace, "mlp", pdb=False),
         timeout=LONG,
         description="children",
     )
+    children_at = time.monotonic()
     cluster.kubectl("set", "image", "deployment/mlp", "runtime=evil:latest", "-n", namespace)
     wait_for(
         lambda: image_of(cluster, namespace, "mlp") == IMAGE,
@@ -195,6 +199,10 @@ def test_drift_on_children_is_reverted_and_replicas_are_the_autoscalers_alone(
         description="the deleted Service recreated",
     )
 
+    # The autoscaler names a change made outside it only against a count it saw at an earlier
+    # pass (kept in its memory): let it pass over the Deployment a few times first. Without
+    # this the hand scale could come before its first pass (it failed so once in CI).
+    time.sleep(max(0.0, 3 * interval - (time.monotonic() - children_at)))
     mark = audit.mark()
     cluster.kubectl("scale", "deployment/mlp", "--replicas=3", "-n", namespace)
     # Scaled by hand past maxReplicas: the autoscaler takes 3 as the current count and brings it
