@@ -75,3 +75,12 @@ if ! wait_for_engine; then
   fi
 fi
 echo "docker engine running (pid $(cat "$STATE_DIR/dockerd.pid"), log $STATE_DIR/dockerd.log)"
+running="$(docker -H "unix://$SOCKET" info --format '{{.Driver}}' 2>/dev/null || true)"
+root="$(docker -H "unix://$SOCKET" info --format '{{.DockerRootDir}}' 2>/dev/null || true)"
+echo "storage driver: ${running:-unknown}"
+if [ "$running" = vfs ]; then
+  # Every layer is a full copy on vfs: say so where a full disk would otherwise be the first sign.
+  free_gib=$(df -P -BG "${root:-/var/lib/docker}" | awk 'NR == 2 { sub("G", "", $4); print $4 }')
+  echo "docker-up: the vfs store copies every layer in full; building the runtime image from" \
+    "nothing peaks at about 31 GiB here (docs/runtime.md, \"The image\"); ${free_gib} GiB free" >&2
+fi
