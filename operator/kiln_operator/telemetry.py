@@ -94,6 +94,8 @@ CONDITION = Gauge(
 )
 EXPORTED_CONDITIONS = ("Ready", "Progressing", "Stalled")
 """The conditions the alerts and dashboards read; the others stay in the status only."""
+_condition_reasons: dict[tuple[str, str, str], str] = {}
+"""The reason each exported condition's series carries now, by (namespace, name, type)."""
 SLO_P99 = Gauge(
     "kiln_operator_slo_p99_latency_seconds",
     "The service's p99 latency objective (spec.slo.p99LatencyMilliseconds, or its profile's), "
@@ -154,6 +156,8 @@ def forget_service(namespace: str, name: str) -> None:
         for labels in _label_sets(metric):
             if labels[:2] == (namespace, name):
                 metric.remove(*labels)
+    for kind in EXPORTED_CONDITIONS:
+        _condition_reasons.pop((namespace, name, kind), None)
 
 
 def _label_sets(metric: Counter | Gauge | Histogram) -> list[tuple[str, ...]]:
@@ -202,14 +206,19 @@ def observe_conditions(namespace: str, name: str, conditions: list[dict[str, Any
     """Keep one series per exported condition type, with its current reason (the series of a
     reason it no longer has is dropped)."""
     current = {c.get("type"): c for c in conditions if c.get("type") in EXPORTED_CONDITIONS}
-    for labels in _label_sets(CONDITION):
-        if labels[:2] == (namespace, name):
-            kept = current.get(labels[2])
-            if kept is None or kept.get("reason", "") != labels[3]:
-                CONDITION.remove(*labels)
-    for kind, condition in current.items():
+    for kind in EXPORTED_CONDITIONS:
+        key = (namespace, name, kind)
+        condition = current.get(kind)
+        reason = None if condition is None else str(condition.get("reason", ""))
+        previous = _condition_reasons.get(key)
+        if previous is not None and previous != reason:
+            CONDITION.remove(namespace, name, kind, previous)
+        if condition is None or reason is None:
+            _condition_reasons.pop(key, None)
+            continue
+        _condition_reasons[key] = reason
         value = 1.0 if condition.get("status") == "True" else 0.0
-        CONDITION.labels(namespace, name, kind, condition.get("reason", "")).set(value)
+        CONDITION.labels(namespace, name, kind, reason).set(value)
 
 
 def observe_decision(
