@@ -186,9 +186,9 @@ def alert_names() -> list[str]:
 
 
 def scenario_inputs(fault: list[dict[str, str]], replaced: bool) -> list[dict[str, str]]:
-    """The baseline with the fault's series: a fault series replaces the baseline's of the same
-    name and labels but the last label value set (so a changed `code` adds, a same-key one
-    replaces)."""
+    """The baseline with the fault's series: a fault series replaces the baseline's series of
+    exactly the same name and labels, and adds to it otherwise (a new `code` or `outcome`);
+    `replaced` drops every baseline series of the fault's metric names first."""
     keys = {s["series"] for s in fault}
     names = {s["series"].split("{", 1)[0] for s in fault}
     inputs = [s for s in BASELINE if s["series"] not in keys]
@@ -198,6 +198,7 @@ def scenario_inputs(fault: list[dict[str, str]], replaced: bool) -> list[dict[st
     return inputs + fault
 
 
+# scenarios whose fault takes a metric's place (its baseline series would hide the fault)
 REPLACES = {"KilnLatencySLOBurn", "KilnRuntimeMetricsMissing", "KilnOperatorMetricsMissing",
             "KilnOperatorWorkQueueStuck", "KilnRolloutStalled"}  # fmt: skip
 
