@@ -53,27 +53,28 @@ def infer_body(value: float) -> bytes:
 
 
 def load(runtime: Runtime, seconds: float, stop: threading.Event) -> int:
-    """Requests from 4 threads for `seconds` (at most 80,000), fewer in the run's middle third
-    so the picture shows load rise and fall; the count answered."""
+    """Paced requests from 4 threads for `seconds` (at most 60,000): 50 a second each, 150 in
+    the run's middle third, so the picture shows load rise and fall; the count answered."""
     answered = [0]
+    body = infer_body(0.5)
     started = time.monotonic()
 
-    def client(index: int) -> None:
+    def client() -> None:
         connection = http.client.HTTPConnection(HOST, runtime.http_port, timeout=10)
-        sent = 0
-        while not stop.is_set() and time.monotonic() - started < seconds and sent < 20_000:
+        sent, due = 0, time.monotonic()
+        while not stop.is_set() and time.monotonic() - started < seconds and sent < 15_000:
             share = (time.monotonic() - started) / seconds
-            if index >= 2 and 1 / 3 < share < 2 / 3:
-                time.sleep(0.05)
-                continue
-            connection.request("POST", "/v2/models/mlp/infer", body=infer_body(0.5))
+            due += 1 / (150 if 1 / 3 < share < 2 / 3 else 50)
+            if (wait := due - time.monotonic()) > 0:
+                time.sleep(wait)
+            connection.request("POST", "/v2/models/mlp/infer", body=body)
             response = connection.getresponse()
             response.read()
             sent += 1
             answered[0] += response.status == 200
         connection.close()
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=client) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -161,7 +162,7 @@ def render(url: str, start: float, end: float, out: Path) -> None:
     figure, axes = plt.subplots(2, 2, figsize=(12, 6.5), constrained_layout=True)
     for axis, panel in zip(axes.flat, panels, strict=True):
         for legend, expr in panel.queries:
-            window = "10s" if LOAD_SECONDS < 60 else "30s"
+            window = "10s"
             for series in query_range(url, concrete(expr, window), start, end):
                 times = [float(t) - start for t, _ in series["values"]]
                 values = [float(v) for _, v in series["values"]]
