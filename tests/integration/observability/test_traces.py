@@ -19,10 +19,11 @@ import tritonclient.grpc as triton_grpc
 from kiln_localcluster.processes import free_ports
 from kiln_localcluster.waiting import http_ok, wait_for
 from kiln_runtime.examples import write_example
-from tests.gotools import go_tool
+from tests.gotools import FIRST_BUILD_TEST_TIMEOUT, go_tool
 from tests.integration.runtime.runtime_process import HOST, Runtime, running
 
-pytestmark = pytest.mark.integration
+# the fixture may build Jaeger first (minutes on a fresh machine; e2e/gotools caches it)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(FIRST_BUILD_TEST_TIMEOUT)]
 
 STAGES = ("decode", "queue", "compute", "encode")
 UNACCOUNTED_BOUND_SECONDS = 0.002
