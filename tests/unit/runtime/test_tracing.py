@@ -8,19 +8,25 @@ import itertools
 import subprocess
 import sys
 
+import grpc
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tritonclient.grpc import service_pb2_grpc
 
 from kiln_runtime import errors
 from kiln_runtime.config import TracingConfig, parse_config, parse_config_text, to_document
 from kiln_runtime.dataplane import DataPlane
 from kiln_runtime.metrics import RuntimeMetrics
+from kiln_runtime.protocol.grpc import InferenceServicer
+from kiln_runtime.protocol.grpcio_server import GrpcioServer
+from kiln_runtime.protocol.grpcserver import GrpcServer
 from kiln_runtime.protocol.types import InferRequest, InferResponse
 from kiln_runtime.tracing import Tracing
 
 from .fakes import Adder, config
 from .test_dataplane import request
+from .test_grpc_transports import infer_request
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -153,3 +159,22 @@ def test_the_operator_renders_spec_runtime_tracing_as_the_runtime_reads_it() -> 
     del spec["runtime"]["tracing"]
     untraced = render_runtime_config(InferenceServiceSpec.model_validate(spec), "svc")
     assert parse_config_text(untraced).tracing is None
+
+
+@pytest.mark.parametrize("transport", [GrpcServer, GrpcioServer], ids=["kiln", "grpcio"])
+async def test_a_grpc_calls_traceparent_metadata_reaches_the_span_on_both_transports(
+    transport: type[GrpcServer] | type[GrpcioServer],
+) -> None:
+    dp, tracing, exporter = await traced(ratio=0.0)
+    server = transport(InferenceServicer(dp).service())
+    port = await server.start("127.0.0.1", 0)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        await stub.ModelInfer(infer_request(), timeout=5, metadata=(("traceparent", PARENT),))
+        await stub.ModelInfer(infer_request(), timeout=5)  # none, and ratio 0: not traced
+        await stub.ModelInfer(infer_request(), timeout=5, metadata=(("traceparent", NOT_SAMPLED),))
+    await server.stop(0.5)
+    await dp.stop()
+    (root,) = [span for span in spans(tracing, exporter) if span.name == "kiln.infer"]
+    assert root.context is not None and format(root.context.trace_id, "032x") == TRACE_ID
+    assert root.attributes is not None and root.attributes["rpc.system"] == "grpc"
