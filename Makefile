@@ -196,7 +196,10 @@ bench-cache: venv native ## The response cache: the same runtime with and withou
 	bash runtime_image/bench/system-deps.sh
 	cd runtime_image && ../$(PY) -m bench.cache --out ../docs/benchmarks/cache.md
 
-.PHONY: base-image image-runtime bench-runtime bench-client-ceiling bench-runtime-profile bench-cache
+bench-tracing: venv native ## Tracing's cost: the request path off, at 1 % and at 100 % sampling, request by request (~1 min) -> docs/benchmarks/tracing.md
+	cd runtime_image && ../$(PY) -m bench.tracing --out ../docs/benchmarks
+
+.PHONY: base-image image-runtime bench-runtime bench-client-ceiling bench-runtime-profile bench-cache bench-tracing
 
 # ---- autoscaling ----
 bench-autoscaling: venv ## Kiln's autoscaler vs HPA, KEDA, Knative, oracles on simulated days -> docs/benchmarks/autoscaling.md

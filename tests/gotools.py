@@ -32,7 +32,7 @@ def _resolve(command: list[str], what: str) -> str:
 
 
 def go_tool(name: str) -> Path:
-    """The cached executable of `name` (helm, kstatus, argocd-health), built if missing."""
+    """The cached executable of `name` (helm, kstatus, argocd-health, jaeger), built if missing."""
     return Path(_resolve(["bash", str(BUILD), name], f"the Go tool {name}"))
 
 

@@ -7,6 +7,9 @@
 #                           evaluation over manifests/argocd/resource_customizations
 #   build.sh gateway-api-crds  the Gateway API's standard-channel CRDs of $GATEWAY_API_VERSION,
 #                           from the sigs.k8s.io/gateway-api module (a directory of YAML files)
+#   build.sh jaeger         Jaeger's all-in-one $JAEGER_VERSION (OTLP in, query API out, traces
+#                           in memory), built inside its module: its go.mod has a replace
+#                           directive, which `go install module@version` refuses
 #
 # Why it exists: these are large Go builds (Argo CD's module graph takes many minutes on 2 cores);
 # each is built once per pinned version and source, like e2e/cluster/binaries.sh does for the
@@ -26,10 +29,11 @@ tool=${1:-}
 case "$tool" in
   helm) key=$HELM_VERSION ;;
   gateway-api-crds) key=$GATEWAY_API_VERSION ;;
+  jaeger) key=$JAEGER_VERSION ;;
   kstatus | argocd-health)
     src="$here/${tool/argocd-health/argocdhealth}"
     key=$(cd "$src" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-16) ;;
-  *) echo "usage: build.sh helm|kstatus|argocd-health|gateway-api-crds" >&2; exit 2 ;;
+  *) echo "usage: build.sh helm|kstatus|argocd-health|gateway-api-crds|jaeger" >&2; exit 2 ;;
 esac
 cache_root="${KILN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln}/gotools"
 entry="$cache_root/$tool-$key"
@@ -53,6 +57,11 @@ case "$tool" in
     ;;
   kstatus)
     (cd "$src" && go build -ldflags "-s -w" -o "$staging/$tool" .) ;;
+  jaeger)
+    module=$(cd "$staging" && go mod download -json "github.com/jaegertracing/jaeger@$JAEGER_VERSION" |
+      sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    [ -d "$module/cmd/all-in-one" ] || { log "no cmd/all-in-one in jaeger@$JAEGER_VERSION"; exit 1; }
+    (cd "$module" && GOFLAGS="-mod=mod -buildvcs=false" go build -ldflags "-s -w" -o "$staging/$tool" ./cmd/all-in-one) ;;
   argocd-health)
     (cd "$src" && go test -c -ldflags "-s -w" -o "$staging/$tool" .) ;;
   gateway-api-crds)

@@ -193,6 +193,16 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class TracingConfig:
+    """Per-request traces (``tracing``): spans exported over OTLP/HTTP to ``otlp_endpoint``
+    (``http://collector:4318/v1/traces``). A request whose W3C ``traceparent`` says sampled is
+    traced; one without a ``traceparent`` is traced with probability ``sampling_ratio``."""
+
+    otlp_endpoint: str
+    sampling_ratio: float = 0.01
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     model: ModelSpec
     optimization: OptimizationConfig = field(default_factory=OptimizationConfig)
@@ -206,6 +216,7 @@ class RuntimeConfig:
     # from the container's own limits (container.py) and leaves these as they are
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
     cache: CacheConfig | None = None  # None: no response cache (the default)
+    tracing: TracingConfig | None = None  # None: no traces (the default)
 
     def max_request_bytes(self) -> int:
         """The largest request body accepted: the biggest batch as JSON text, with headroom.
@@ -240,6 +251,7 @@ SECTIONS = {
     "http",
     "http2",
     "cache",
+    "tracing",
 }
 log = logging.getLogger(__name__)
 
@@ -384,7 +396,19 @@ def parse_config(document: Any, model_name: str | None = None) -> RuntimeConfig:
             if isinstance(root.get(section), Mapping) for key in root[section]
         ),
         cache=_cache(root["cache"]) if "cache" in root else None,
+        tracing=_tracing(root["tracing"]) if "tracing" in root else None,
     )  # fmt: skip
+
+
+def _tracing(value: Any) -> TracingConfig:
+    section = _object(value, "tracing", {"otlpEndpoint", "samplingRatio"})
+    endpoint = section.get("otlpEndpoint")
+    if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"tracing.otlpEndpoint: expected an http(s) URL, got {endpoint!r}")
+    ratio = section.get("samplingRatio", 0.01)
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio <= 1:
+        raise ConfigError(f"tracing.samplingRatio: expected a number in [0, 1], got {ratio!r}")
+    return TracingConfig(otlp_endpoint=endpoint, sampling_ratio=float(ratio))
 
 
 def _cache(value: Any) -> CacheConfig:
@@ -522,4 +546,9 @@ def to_document(config: RuntimeConfig) -> dict[str, Any]:
                 "timeoutMilliseconds": redis.timeout_seconds * 1000,
                 "maxConnections": redis.max_connections,
             }
+    if (tracing := config.tracing) is not None:
+        document["tracing"] = {
+            "otlpEndpoint": tracing.otlp_endpoint,
+            "samplingRatio": tracing.sampling_ratio,
+        }
     return document

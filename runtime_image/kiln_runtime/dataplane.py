@@ -31,6 +31,7 @@ from kiln_runtime.response_cache import (
     ResponseCache,
     lookup_histogram,
 )
+from kiln_runtime.tracetimes import BatchTimes, RequestTimes, Tracer
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +101,19 @@ class DataPlane:
         )
         self.warmup_seconds: float | None = None
         self.cache: ResponseCache | None = None  # spec.runtime.cache: answers kept (issue 46)
+        # spec.runtime.tracing: None (off) unless `trace_with` is called (tracing.py)
+        self.tracer: Tracer | None = None
+        # the batches of sampled requests, by id of the request's arrays: _compute adds a key
+        # before submitting, _process sets the batch's times, _compute pops it
+        self._traced_batches: dict[int, BatchTimes | None] = {}
         if config.cache is not None:
             lookups = lookup_histogram(self._spec.name, metrics.registry)
             self.cache = ResponseCache(config, config.cache, CacheStats(), lookups)
             CacheCollector(self._spec.name, self.cache, metrics.registry)
+
+    def trace_with(self, tracer: Tracer) -> None:
+        """Trace sampled requests (``tracing.Tracing``)."""
+        self.tracer = tracer
 
     def attach_remote(self, remote: Remote) -> None:
         """Share the cache's answers with the service's other replicas (``redis_cache``)."""
@@ -255,6 +265,7 @@ class DataPlane:
         encode: Callable[[InferResponse], T],
         *,
         decode_off_loop: Callable[[], Awaitable[InferRequest]] | None = None,
+        traceparent: str | None = None,
     ) -> T:
         """One infer request as both protocols serve it: decode, infer, encode, each stage
         timed, the request counted under exactly one outcome code.
@@ -269,12 +280,17 @@ class DataPlane:
         ``deadline`` if the request's deadline had passed, else ``cancelled``, and propagates.
         ``decode_off_loop``, when given, decodes instead of ``decode`` without holding the event
         loop (large bodies: parsing must not stall the health probes and other clients).
+        ``traceparent``: the caller's W3C trace context, when tracing is on (``tracing``).
         """
         started = time.perf_counter()
         code = errors.OK_METRIC_CODE
         deadline: float | None = None
         encoding = False
         warmup = False
+        times: RequestTimes | None = None
+        tracer = self.tracer
+        if tracer is not None and tracer.sampled(traceparent):
+            times = RequestTimes("http" if protocol == "http" else "grpc", started)
         self.request_started()
         try:
             if decode_off_loop is not None:
@@ -286,8 +302,14 @@ class DataPlane:
                 deadline = started + request.timeout_seconds
             decoded = time.perf_counter()
             self.observe_stage("decode", decoded - started)
-            response = await self.infer(request)
+            if times is None:
+                response = await self.infer(request)
+            else:
+                times.decoded = decoded
+                response = await self.infer(request, times)
             encode_started = time.perf_counter()
+            if times is not None:
+                times.encode_started = encode_started
             encoding = True
             encoded = encode(response)
             self.observe_stage("encode", time.perf_counter() - encode_started)
@@ -306,7 +328,17 @@ class DataPlane:
                 errors.ErrorKind.INTERNAL, "internal error; see server log"
             ) from bug
         finally:
-            self.request_finished(protocol, code, time.perf_counter() - started, warmup)
+            ended = time.perf_counter()
+            self.request_finished(protocol, code, ended - started, warmup)
+            if times is not None and tracer is not None:
+                times.ended, times.code = ended, code
+                self._trace(tracer, times, traceparent)
+
+    def _trace(self, tracer: Tracer, times: RequestTimes, traceparent: str | None) -> None:
+        try:
+            tracer.record(times, traceparent)
+        except Exception:  # a trace is never worth a request
+            log.exception("recording a trace failed")
 
     # ---------------------------------------------------------------- model queries
 
@@ -404,7 +436,9 @@ class DataPlane:
 
     # ---------------------------------------------------------------- inference
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(
+        self, request: InferRequest, times: RequestTimes | None = None
+    ) -> InferResponse:
         self.check_model(request.model_name, request.model_version)
         if not self._warm or self._model is None:
             raise errors.InferError(
@@ -416,10 +450,13 @@ class DataPlane:
         if request.timeout_seconds is not None:
             deadline = time.monotonic() + request.timeout_seconds
         if self.cache is None:
-            outputs = await self._compute(arrays, rows, wanted, deadline)
+            outputs = await self._compute(arrays, rows, wanted, deadline, times)
         else:  # a hit never reaches the batcher
             outputs = await self.cache.answer(
-                request, arrays, lambda: self._compute(arrays, rows, wanted, deadline), deadline
+                request,
+                arrays,
+                lambda: self._compute(arrays, rows, wanted, deadline, times),
+                deadline,
             )
         binary = {o.name: o.binary for o in request.outputs}
         return InferResponse(
@@ -431,11 +468,26 @@ class DataPlane:
         )
 
     async def _compute(
-        self, arrays: Arrays, rows: int, wanted: frozenset[str], deadline: float | None
+        self,
+        arrays: Arrays,
+        rows: int,
+        wanted: frozenset[str],
+        deadline: float | None,
+        times: RequestTimes | None = None,
     ) -> list[Tensor]:
-        """The requested outputs, computed in a batch."""
+        """The requested outputs, computed in a batch (whose times a traced request keeps)."""
         key = tuple(array.shape[1:] for array in arrays)
-        results = await self._batcher.submit(arrays, rows=rows, key=key, deadline=deadline)
+        if times is None:
+            results = await self._batcher.submit(arrays, rows=rows, key=key, deadline=deadline)
+        else:
+            traced = self._traced_batches
+            if len(traced) > MAX_TRACED_WAITING:  # only entries a cancelled request left behind
+                traced.clear()
+            traced[id(arrays)] = None
+            try:
+                results = await self._batcher.submit(arrays, rows=rows, key=key, deadline=deadline)
+            finally:
+                times.batch = traced.pop(id(arrays), None)
         return [
             Tensor(spec.name, spec.datatype, array)
             for spec, array in zip(self._spec.outputs, results, strict=True)
@@ -530,6 +582,12 @@ class DataPlane:
             results.append([output[start:stop] for output in outputs])
             start = stop
         t3 = time.perf_counter()
+        traced = self._traced_batches
+        if traced:  # a sampled request waits for this batch, or another
+            batch_times = BatchTimes(t0, t3, total, len(payloads))
+            for payload in payloads:
+                if id(payload) in traced:
+                    traced[id(payload)] = batch_times
         stage = self.metrics.stage
         stage["preprocess"].observe(t1 - t0)
         stage["forward"].observe(t2 - t1)
@@ -542,6 +600,11 @@ _PLATFORMS = {
     "torch_export": "pytorch_export",
     "onnx": "onnxruntime_onnx",
 }
+
+
+MAX_TRACED_WAITING = 65536
+"""More traced requests than this waiting at once is impossible (the queue is shorter): the
+surplus is entries of cancelled requests whose batch finished after them."""
 
 
 def _never() -> bool:

@@ -73,6 +73,12 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-model")
     dataplane = serving_dataplane(config, metrics, executor)
     dataplane.limits_report = fitted.report
+    tracing = None
+    if config.tracing is not None:
+        from kiln_runtime.tracing import Tracing  # the SDK is imported only when tracing is on
+
+        tracing = Tracing(config.tracing, config.model.name)
+        dataplane.trace_with(tracing)
     connecting: asyncio.Task[bool] | None = None
     if config.cache is not None and config.cache.redis is not None and dataplane.cache is not None:
         from kiln_runtime.redis_cache import open_redis_tier  # only where Redis is configured
@@ -143,6 +149,8 @@ async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> int
         await http.stop()
         await dataplane.stop()
         await metrics_server.stop()
+        if tracing is not None:
+            tracing.shutdown()
         executor.shutdown(wait=False, cancel_futures=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

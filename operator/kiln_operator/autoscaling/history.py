@@ -29,6 +29,7 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests.adapters import Retry
 
+from kiln_operator import telemetry
 from kiln_operator.api.v1alpha1.autoscaling import LearnedPrewarmSpec
 from kiln_operator.autoscaling import reasons
 from kiln_operator.autoscaling.learned import STEP_SECONDS, LearnedFit, Sample, fit, unreadable
@@ -148,9 +149,13 @@ class HistoryCache:
         today = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         start = today - timedelta(days=days) + timedelta(seconds=STEP_SECONDS)
         try:
-            result = self._prometheus.custom_query_range(
-                history_query(list(specs)), start_time=start, end_time=end, step=str(STEP_SECONDS)
-            )
+            with telemetry.prometheus_query("history"):
+                result = self._prometheus.custom_query_range(
+                    history_query(list(specs)),
+                    start_time=start,
+                    end_time=end,
+                    step=str(STEP_SECONDS),
+                )
         except (requests.RequestException, PrometheusApiClientException, ValueError) as error:
             failed = unreadable(
                 now, f"Prometheus at {self.url} did not return the history: {error}"

@@ -25,6 +25,7 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests.adapters import Retry
 
+from kiln_operator import telemetry
 from kiln_operator.autoscaling.capacity import BatchWindow
 from kiln_operator.autoscaling.inputs import MetricsObservation
 from kiln_operator.autoscaling.signals import ServiceKey, ServiceSignals, fan_out, grouped_query
@@ -80,7 +81,8 @@ class PrometheusSource:
     def _query(self, window_seconds: int) -> Snapshot:
         taken_at = time.monotonic()
         try:
-            result = self._prometheus.custom_query(grouped_query(window_seconds))
+            with telemetry.prometheus_query("signals"):
+                result = self._prometheus.custom_query(grouped_query(window_seconds))
             return Snapshot(taken_at, services=fan_out(result))
         except (requests.RequestException, PrometheusApiClientException, ValueError) as error:
             return Snapshot(taken_at, error=f"Prometheus at {self.url} unreadable: {error}")
@@ -101,7 +103,8 @@ class PrometheusSource:
         )
         query = f"({answered} + on (pod) {inflight}) or {answered} or {inflight}"
         try:
-            result = self._prometheus.custom_query(query)
+            with telemetry.prometheus_query("load_by_pod"):
+                result = self._prometheus.custom_query(query)
         except (requests.RequestException, PrometheusApiClientException):
             return {}
         return {

@@ -81,6 +81,11 @@ def build_runtime_config(
                 "timeoutMilliseconds": redis.timeout_milliseconds,
                 "maxConnections": redis.max_connections,
             }
+    if (tracing := spec.runtime.tracing) is not None:
+        config["tracing"] = {
+            "otlpEndpoint": tracing.otlp_endpoint,
+            "samplingRatio": tracing.sampling_ratio,
+        }
     return config
 
 

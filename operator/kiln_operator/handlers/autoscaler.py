@@ -18,6 +18,7 @@ from typing import Any
 import kopf
 from prometheus_client import Counter, Histogram
 
+from kiln_operator import telemetry
 from kiln_operator.handlers.inferenceservice import PROMETHEUS_URL, operator_scheduler
 from kiln_operator.k8s.autoscaler import Autoscaler
 from kiln_operator.k8s.client import RequestFailed
@@ -117,6 +118,14 @@ async def _evaluate(memo: Any, namespace: str, name: str) -> float:
     if evaluation is None:
         return RETRY_SECONDS
     decision = evaluation.decision
+    telemetry.observe_decision(
+        namespace,
+        name,
+        reason=decision.reason,
+        desired=decision.desired_replicas,
+        previous=evaluation.previous_replicas,
+        slo_p99_seconds=evaluation.slo_p99_seconds,
+    )
     body = memo.cache.get(INFERENCE_SERVICES.plural, namespace, name)
     if body is not None and evaluation.state_problem:
         await post_event(

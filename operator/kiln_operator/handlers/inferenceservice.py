@@ -17,13 +17,14 @@ event of each. Settings (peering, posting) are set at start-up here too.
 
 import logging
 import os
+import time
 import zlib
 from collections.abc import Iterable
 from typing import Any
 
 import kopf
 
-from kiln_operator import constants
+from kiln_operator import constants, telemetry
 from kiln_operator.api.validation import DEFAULT_WARMUP_BUDGET_BYTES
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import KubeClient, load_configuration
@@ -153,7 +154,24 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     )
 
     async def reconcile(namespace: str, name: str, request: Request) -> None:
-        outcome = await memo.reconciler.reconcile(namespace, name, fresh=request.fresh)
+        started = time.perf_counter()
+        try:
+            outcome = await memo.reconciler.reconcile(namespace, name, fresh=request.fresh)
+        except Exception as error:
+            reason = telemetry.error_reason(error)
+            telemetry.observe_reconcile(
+                request.trigger, "error", reason, time.perf_counter() - started
+            )
+            raise
+        result, reason = telemetry.reconcile_outcome(
+            writes=bool(outcome.writes),
+            deleted=not outcome.body,
+            spec_error_reason=outcome.spec_error_reason,
+            child_problem=outcome.child_problems[0].reason if outcome.child_problems else None,
+        )
+        telemetry.observe_reconcile(request.trigger, result, reason, time.perf_counter() - started)
+        if outcome.conditions:
+            telemetry.observe_conditions(namespace, name, outcome.conditions)
         await _announce(memo.reconcile_kube, outcome, request.trigger)
         if outcome.child_problems:
             raise ChildrenNotApplied(outcome)  # the work queue retries with backoff
@@ -162,6 +180,8 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
 
     memo.workqueue = WorkQueue(reconcile, workers=RECONCILE_WORKERS, paused=kopf_pause_state())
     memo.workqueue.start()
+    queue: WorkQueue = memo.workqueue
+    telemetry.watch_workqueue(lambda: len(queue), queue.oldest_seconds, lambda: queue.active)
 
     async def resync(namespace: str, name: str) -> float:
         memo.workqueue.add(namespace, name, trigger="resync", fresh=True)
@@ -242,6 +262,7 @@ async def inferenceservice_event(
         memo.scheduler.untrack(ns, name)  # no more autoscaler passes or resyncs
         memo.reconciler.forget(ns, name)  # the garbage collector removes the children
         memo.workqueue.forget(ns, name)
+        telemetry.forget_service(ns, name)
         return
     memo.scheduler.track(ns, name)
     version = meta.get("resourceVersion")

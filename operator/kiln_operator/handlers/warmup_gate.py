@@ -15,12 +15,13 @@ import asyncio
 import datetime
 import logging
 import os
+import time
 from typing import Any, cast
 
 import kopf
 from prometheus_client import Counter, Histogram, start_http_server
 
-from kiln_operator import constants
+from kiln_operator import constants, telemetry
 from kiln_operator.handlers.inferenceservice import WARMUP_BUDGET_BYTES
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, KubeClient
@@ -79,6 +80,7 @@ ATTEMPTS = Counter(
     "Warm-up attempts by outcome reason.",
     ["namespace", "inferenceservice", "reason"],
 )
+telemetry.register_per_service(COLD_START, WARMUP_P99, DOWNLOAD_SECONDS, DOWNLOAD_BYTES, ATTEMPTS)
 
 
 def _now() -> datetime.datetime:
@@ -283,11 +285,15 @@ async def _gate(
             f"attempt {attempt}/{attempts}: {plan.requests} requests at concurrency "
             f"{plan.in_flight_within(budget.capacity)}, p99 bound {plan.p99_bound_ms:g} ms",
         )
+        started = time.perf_counter()
         result = await run_attempt(
             plan, pod["status"]["podIP"], constants.GRPC_PORT, constants.HTTP_PORT, budget
         )
         verdict = warmup.judge(plan, result)
         ATTEMPTS.labels(namespace, service, verdict.reason).inc()
+        telemetry.WARMUP_ATTEMPT_DURATION.labels("passed" if verdict.passed else "failed").observe(
+            time.perf_counter() - started
+        )
         if verdict.p99_ms is not None:
             WARMUP_P99.labels(namespace, service).observe(verdict.p99_ms / 1000)
         logger.info("pod %s/%s attempt %d: %s", namespace, name, attempt, verdict.message)
@@ -297,6 +303,9 @@ async def _gate(
             await asyncio.sleep(warmup.backoff_seconds(attempt))
     assert verdict is not None
     await set_condition(verdict.passed, verdict.reason, verdict.message)
+    telemetry.WARMUP_GATES.labels(
+        namespace, service, "passed" if verdict.passed else "failed"
+    ).inc()
     await publish_summary(kube, cache, namespace, service)
     if verdict.passed:
         warmed = await kube.get(PODS, namespace, name)

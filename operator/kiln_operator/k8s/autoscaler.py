@@ -52,6 +52,8 @@ class Evaluation:
     decision: Decision
     previous_replicas: int
     interval_seconds: float
+    slo_p99_seconds: float | None = None
+    """The effective spec's p99 latency objective (spec.slo, or its profile's)."""
     state_problem: str | None = None
     learned_change: str | None = None
     """The learned pre-warm's floor changed (or it turned on or off): what to announce."""
@@ -271,6 +273,7 @@ class Autoscaler:
             decision=decision,
             previous_replicas=current,
             interval_seconds=float(spec.autoscaling.evaluation_interval_seconds),
+            slo_p99_seconds=spec.slo.p99_latency_milliseconds / 1000.0,
             state_problem=state_problem,
             learned_change=learned_change(said, new_status),
             changed_outside=changed_outside,

@@ -9,13 +9,14 @@ replace / delete / merge-patch returning dicts, and a user agent that names the 
 import copy
 import json
 import os
+import time
 from types import TracebackType
 from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client, config
 
-from kiln_operator import constants
+from kiln_operator import constants, telemetry
 from kiln_operator.builders.naming import Manifest
 from kiln_operator.k8s.resources import Resource
 
@@ -137,6 +138,7 @@ class KubeClient:
         self._api.rest_client.pool_manager._trust_env = False
         # The user agent names the component, so audit logs tell its writes from the others'.
         self._api.user_agent = f"{constants.MANAGER}/{component}"
+        self._component = component
 
     async def __aenter__(self) -> "KubeClient":
         return self
@@ -155,12 +157,18 @@ class KubeClient:
 
     async def _call(
         self,
+        resource: Resource,
         method: str,
         path: str,
+        *,
         body: Any = None,
         content_type: str = "application/json",
         query: list[tuple[str, str]] | None = None,
+        collection: bool = False,
     ) -> Manifest:
+        """One request; counted in the operator's metrics by resource, verb and status code."""
+        verb = ("list" if collection else "get") if method == "GET" else telemetry.VERBS[method]
+        started = time.perf_counter()
         try:
             response = await self._api.call_api(
                 path,
@@ -177,16 +185,22 @@ class KubeClient:
             finally:
                 response.release()
         except (TimeoutError, aiohttp.ClientError) as error:
+            self._count(resource, verb, "none", started)
             raise NoAnswer(method, path, error) from error
+        self._count(resource, verb, str(response.status), started)
         if not 200 <= response.status < 300:
             raise ApiError(response.status, method, path, text)
         parsed: Manifest = json.loads(text) if text else {}
         return parsed
 
+    def _count(self, resource: Resource, verb: str, code: str, started: float) -> None:
+        seconds = time.perf_counter() - started
+        telemetry.observe_api(self._component, resource.plural, verb, code, seconds)
+
     async def get(self, resource: Resource, namespace: str | None, name: str) -> Manifest | None:
         """The object, or None when it does not exist."""
         try:
-            return await self._call("GET", resource.path(namespace, name))
+            return await self._call(resource, "GET", resource.path(namespace, name))
         except ApiError as error:
             if error.is_not_found:
                 return None
@@ -197,22 +211,29 @@ class KubeClient:
     ) -> list[Manifest]:
         """Every object of the collection (matching the selector)."""
         query = [("labelSelector", label_selector)] if label_selector else []
-        answer = await self._call("GET", resource.path(namespace), query=query)
+        answer = await self._call(
+            resource, "GET", resource.path(namespace), query=query, collection=True
+        )
         items: list[Manifest] = answer.get("items", [])
         return items
 
     async def create(self, resource: Resource, namespace: str | None, body: Manifest) -> Manifest:
         """POST a new object."""
         return await self._call(
-            "POST", resource.path(namespace), body, query=[("fieldManager", constants.MANAGER)]
+            resource,
+            "POST",
+            resource.path(namespace),
+            body=body,
+            query=[("fieldManager", constants.MANAGER)],
         )
 
     async def replace(self, resource: Resource, namespace: str | None, body: Manifest) -> Manifest:
         """PUT the whole object; its metadata.resourceVersion makes a stale write fail with 409."""
         return await self._call(
+            resource,
             "PUT",
             resource.path(namespace, body["metadata"]["name"]),
-            body,
+            body=body,
             query=[("fieldManager", constants.MANAGER)],
         )
 
@@ -220,9 +241,10 @@ class KubeClient:
         """DELETE one object, only if it is still the one we saw (uid precondition)."""
         try:
             await self._call(
+                resource,
                 "DELETE",
                 resource.path(namespace, name),
-                {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}},
+                body={"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}},
             )
         except ApiError as error:
             if not error.is_not_found:
@@ -239,9 +261,10 @@ class KubeClient:
         """JSON-merge-patch an object (or its `subresource`, e.g. "scale")."""
         path = resource.path(namespace, name) + (f"/{subresource}" if subresource else "")
         return await self._call(
+            resource,
             "PATCH",
             path,
-            patch,
+            body=patch,
             content_type="application/merge-patch+json",
             query=[("fieldManager", constants.MANAGER)],
         )
@@ -252,9 +275,10 @@ class KubeClient:
         """Strategic-merge-patch the status subresource of a built-in kind: lists with a merge
         key (a pod's conditions, by type) are merged, so other writers' entries stay."""
         return await self._call(
+            resource,
             "PATCH",
             resource.path(namespace, name) + "/status",
-            patch,
+            body=patch,
             content_type="application/strategic-merge-patch+json",
             query=[("fieldManager", constants.MANAGER)],
         )
@@ -272,9 +296,10 @@ class KubeClient:
             "status": status,
         }
         return await self._call(
+            resource,
             "PATCH",
             resource.path(namespace, name) + "/status",
-            body,
+            body=body,
             content_type="application/apply-patch+yaml",
             query=[("fieldManager", manager), ("force", "true")],
         )

@@ -89,8 +89,12 @@ class Outcome:
     events: list[Event] = field(default_factory=list)
     spec_error: str | None = None
     """Why the spec cannot run (invalid, a policy broken, a profile missing), else None."""
+    spec_error_reason: str | None = None
+    """The condition reason of `spec_error` (InvalidSpec, PolicyViolation, ProfileNotFound…)."""
     child_problems: list[ChildProblem] = field(default_factory=list)
     """Children not written: held by another object, refused or failed by the API server."""
+    conditions: list[Manifest] = field(default_factory=list)
+    """The reconcile loop's conditions as it computed them (written or already current)."""
 
 
 class ChildrenNotApplied(Exception):
@@ -203,13 +207,14 @@ class Reconciler:
         parsed = effective.spec
         if parsed is None:
             outcome.spec_error = effective.message
+            outcome.spec_error_reason = effective.reason or constants.REASON_INVALID_SPEC
         else:
             deployment = await self._apply_children(parsed, owner, deployment, outcome, fresh)
             deployment = self._newest_known(deployment)
         observation = ReconcileObservation(
             generation=int(meta.get("generation") or 0),
             spec_error=outcome.spec_error,
-            spec_error_reason=effective.reason or constants.REASON_INVALID_SPEC,
+            spec_error_reason=outcome.spec_error_reason or constants.REASON_INVALID_SPEC,
             profiles=tuple(profile.as_status() for profile in effective.profiles),
             child_problems=tuple(outcome.child_problems),
             pods=tuple(self._cache.pods_of(owner.namespace, owner.name)),
@@ -230,6 +235,7 @@ class Reconciler:
             self._remember(INFERENCE_SERVICES, owner, written)
             outcome.writes.append(f"status of {owner.namespace}/{owner.name}")
         outcome.events.extend(update.events)
+        outcome.conditions = list(update.applied.get("conditions") or [])
         return outcome
 
     def _newest_known(self, deployment: Manifest | None) -> Manifest | None:

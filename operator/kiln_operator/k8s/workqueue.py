@@ -22,10 +22,12 @@ running when the pause comes finishes, as kopf's own handlers do.
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from kiln_operator import telemetry
 from kiln_operator.k8s.scheduler import Pausing, cancel_and_wait
 
 logger = logging.getLogger(__name__)
@@ -64,8 +66,10 @@ class WorkQueue:
         base_seconds: float = 1.0,
         cap_seconds: float = 300.0,
         paused: Pausing | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._work = work
+        self._clock = clock
         self._paused = paused
         self._workers = workers
         self._base = base_seconds
@@ -73,6 +77,8 @@ class WorkQueue:
         self._queue: asyncio.PriorityQueue[tuple[int, int, Key]] = asyncio.PriorityQueue()
         self._order = itertools.count()
         self._waiting: dict[Key, Request] = {}
+        self._since: dict[Key, float] = {}
+        """When each waiting key was queued (the clock's time), for the oldest's age."""
         self._active: set[Key] = set()
         self._again: dict[Key, Request] = {}
         self._failures: dict[Key, int] = {}
@@ -82,6 +88,17 @@ class WorkQueue:
     def __len__(self) -> int:
         """Keys waiting (not those being reconciled)."""
         return len(self._waiting)
+
+    @property
+    def active(self) -> int:
+        """Keys being reconciled now."""
+        return len(self._active)
+
+    def oldest_seconds(self) -> float:
+        """How long the longest-waiting key has waited; 0 when none waits."""
+        if not self._since:
+            return 0.0
+        return max(0.0, self._clock() - min(self._since.values()))
 
     def start(self) -> None:
         """Start the workers (on the running event loop)."""
@@ -101,6 +118,9 @@ class WorkQueue:
         waiting = self._waiting.get(key)
         merged = _merged(waiting, trigger, fresh)
         self._waiting[key] = merged
+        if waiting is None:
+            self._since[key] = self._clock()
+            telemetry.WORKQUEUE_ADDS.labels(trigger).inc()
         if waiting is None or (merged.urgent and not waiting.urgent):
             # a promoted key is queued again ahead; its older entry then finds it taken
             self._queue.put_nowait((0 if merged.urgent else 1, next(self._order), key))
@@ -122,6 +142,7 @@ class WorkQueue:
             request = self._waiting.pop(key, None)
             if request is None:
                 continue
+            self._since.pop(key, None)
             if self._paused is not None and self._paused.is_on():
                 self.forget(*key)  # another replica acts; the listing after the resume re-adds
                 continue
@@ -141,6 +162,7 @@ class WorkQueue:
                     self.add(*key, trigger=again.trigger, fresh=again.fresh)
 
     def _retry_later(self, key: Key, request: Request, error: Exception) -> None:
+        telemetry.WORKQUEUE_RETRIES.inc()
         failures = self._failures.get(key, 0) + 1
         self._failures[key] = failures
         delay = self.delay_after(failures)

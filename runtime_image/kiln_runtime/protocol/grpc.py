@@ -21,6 +21,7 @@ from kiln_runtime.dataplane import DataPlane
 from kiln_runtime.datatypes import from_json_values
 from kiln_runtime.protocol import health, reflection
 from kiln_runtime.protocol.grpcserver import GrpcService, StreamMethod, UnaryMethod
+from kiln_runtime.protocol.tracecontext import TRACEPARENT
 from kiln_runtime.protocol.types import (
     WARMUP_PARAMETER,
     InferRequest,
@@ -147,6 +148,7 @@ class InferenceServicer:
             "ModelInfer": UnaryMethod(
                 service_pb2.ModelInferRequest, self.model_infer,
                 refused=functools.partial(self.dataplane.refused, "grpc"),
+                traced=self.dataplane.tracer is not None,
             ),
         }  # fmt: skip
         # The message limit sits above the tensor limit (typed contents and field overhead can
@@ -267,4 +269,7 @@ class InferenceServicer:
                 )
             return infer_request
 
-        return await self.dataplane.handle("grpc", decode, encode_infer)
+        if self.dataplane.tracer is None:
+            return await self.dataplane.handle("grpc", decode, encode_infer)
+        traceparent = TRACEPARENT.get()
+        return await self.dataplane.handle("grpc", decode, encode_infer, traceparent=traceparent)

@@ -24,6 +24,7 @@ from kiln_runtime.protocol.grpcserver import (
     UnaryMethod,
     parse_message,
 )
+from kiln_runtime.protocol.tracecontext import TRACEPARENT, traceparent_of
 
 _END = object()
 
@@ -45,6 +46,9 @@ def _unary(method: UnaryMethod) -> Callable[[bytes, grpc.aio.ServicerContext], A
                 if method.refused is not None:
                     method.refused(failure.kind.mapping.metric_code, 0.0)
                 raise
+            if method.traced:
+                metadata = dict(context.invocation_metadata() or ())
+                TRACEPARENT.set(traceparent_of(metadata.get("traceparent")))
             return await method.call(request, context.time_remaining())
         except errors.InferError as error:
             await context.abort(grpc.StatusCode[error.kind.mapping.grpc_code], error.message)

@@ -31,6 +31,7 @@ from kiln_runtime.protocol.http2.connection import Http2Connection
 from kiln_runtime.protocol.http2.messages import Request, Response
 from kiln_runtime.protocol.http2.state import ConnectionState
 from kiln_runtime.protocol.listening import listening_port
+from kiln_runtime.protocol.tracecontext import TRACEPARENT, traceparent_of
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,8 @@ class UnaryMethod:
     request_type: Any
     call: Callable[[Any, float | None], Awaitable[Any]]
     refused: Callable[[str, float], None] | None = None
+    traced: bool = False
+    """Hand the call's `traceparent` metadata to ``call`` (``tracecontext``)."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +227,8 @@ class GrpcService:
             return _refuse(method, mapping.grpc_code, error.message, mapping.metric_code, started)
         except _Refused as refused:
             return _refuse(method, refused.code, str(refused), INVALID_METRIC_CODE, started)
+        if method.traced:
+            TRACEPARENT.set(traceparent_of(headers.get(b"traceparent")))
         try:
             reply = await method.call(message, timeout)
         except errors.InferError as error:

@@ -162,7 +162,11 @@ class RestAdapter:
         off_loop = json_bytes >= self.off_loop_bytes or "content-encoding" in headers
         try:
             return await self.dataplane.handle(
-                "http", decode, encode_infer, decode_off_loop=decode_elsewhere if off_loop else None
+                "http",
+                decode,
+                encode_infer,
+                decode_off_loop=decode_elsewhere if off_loop else None,
+                traceparent=None if self.dataplane.tracer is None else headers.get("traceparent"),
             )
         except errors.InferError as error:
             return error_response(error)

@@ -14,6 +14,7 @@ from kiln_operator import constants
 from kiln_operator.builders.naming import Manifest
 from tests.gotools import FIRST_BUILD_TEST_TIMEOUT, kubectl
 from tests.sessioncluster import REPO
+from tools import dashboards
 
 CHART = REPO / "manifests" / "charts" / "kiln"
 NAMESPACE = "kiln-system"
@@ -234,3 +235,46 @@ def test_imitated_gpus_are_off_by_default_and_render_the_kustomize_component(
         assert obj == base[key], f"{key} differs between the chart and the kustomize component"
     refused = template(helm, "--set", "imitatedGpus=yes", check=False)
     assert "at '/imitatedGpus': got string, want boolean" in refused.stderr
+
+
+def test_dashboards_and_alerts_are_off_by_default(helm: list[str]) -> None:
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in documents(template(helm).stdout)}
+    assert not {k for k in kinds if k[0] in ("PrometheusRule",) or k[1].endswith("-dashboards")}
+
+
+def test_the_dashboards_configmap_carries_the_generated_dashboards_for_grafanas_sidecar(
+    helm: list[str],
+) -> None:
+    objects = documents(
+        template(helm, "--set", "dashboards.enabled=true", "--set-string",
+                 "dashboards.annotations.grafana_folder=Kiln").stdout
+    )  # fmt: skip
+    (configmap,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["annotations"] == {"grafana_folder": "Kiln"}
+    assert configmap["data"] == {
+        name: text.rstrip("\n") for name, text in dashboards.rendered_files().items()
+    }
+    assert {json.loads(text)["uid"] for text in configmap["data"].values()} == {
+        "kiln-service",
+        "kiln-operator",
+    }
+
+
+def test_the_committed_dashboards_are_the_generated_ones() -> None:
+    for name, text in dashboards.rendered_files().items():
+        assert (dashboards.CHART_DASHBOARDS / name).read_text() == text, (
+            f"{name} differs from tools/dashboards.py: run `python tools/dashboards.py`"
+        )
+
+
+def test_the_prometheus_rule_holds_the_plain_rules_file(helm: list[str]) -> None:
+    objects = documents(
+        template(helm, "--set", "alerts.prometheusRule.enabled=true", "--set",
+                 "alerts.prometheusRule.labels.release=prometheus").stdout
+    )  # fmt: skip
+    (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    rules_file = REPO / "manifests/charts/kiln/files/kiln-alerts.rules.yaml"
+    assert rule["spec"] == yaml.safe_load(rules_file.read_text())

@@ -216,6 +216,21 @@ class ResponseCacheSpec(ApiModel):
         return self
 
 
+class TracingSpec(ApiModel):
+    """Per-request traces: each sampled request is a span with a child per stage (decode, queue,
+    compute, encode), continuing the caller's W3C traceparent (HTTP header or gRPC metadata),
+    exported by OpenTelemetry over OTLP/HTTP. Off unless set."""
+
+    otlp_endpoint: Annotated[
+        str, Field(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+$")
+    ]
+    """OTLP/HTTP traces URL of a collector or tracing backend, e.g.
+    http://otel-collector.observability:4318/v1/traces."""
+    sampling_ratio: Annotated[float, Field(ge=0, le=1)] = 0.01
+    """Share of requests traced among those that carry no traceparent; a request with one is
+    traced if its caller sampled it."""
+
+
 class RuntimeSpec(ApiModel):
     """The serving container."""
 
@@ -235,6 +250,8 @@ class RuntimeSpec(ApiModel):
     cache: ResponseCacheSpec | None = None
     """A response cache: identical requests answered from memory (each pod's, optionally a
     shared Redis) instead of the model. Off unless set; needs model.deterministic: true."""
+    tracing: TracingSpec | None = None
+    """Per-request traces over OTLP (docs/observability.md). Off unless set."""
 
     @field_validator("image")
     @classmethod
