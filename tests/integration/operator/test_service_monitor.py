@@ -171,6 +171,12 @@ def test_the_chart_s_service_monitor_passes_the_crd_and_selects_the_metrics_serv
     (deployment,) = by_kind["Deployment"]
 
     for manifest in (metrics_service, monitor):
+        # a client-side `kubectl apply --dry-run=server` (as `helm install` and Argo CD
+        # validate), then server-side apply, dry run and for real
+        cluster.kubectl(
+            "apply", "--dry-run=server", "--validate=strict", "-f", "-",
+            input=json.dumps(manifest),
+        )  # fmt: skip
         strictly_applied(cluster, manifest, "--dry-run=server")
         strictly_applied(cluster, manifest)
     live = get(cluster, namespace, "servicemonitor", monitor["metadata"]["name"])
