@@ -69,7 +69,7 @@ check: venv ## Regenerate generated files and fail on any difference
 
 # The Kubernetes binaries and the runtime image are made before pytest starts: on a fresh machine
 # each takes minutes, longer than a test's own time limit.
-test: venv lint typecheck check system-deps native docker-up cluster-binaries image-runtime ## Every test: lint, types, generated files, unit, integration, images, e2e
+test: venv lint typecheck check system-deps native docker-up cluster-binaries gotools image-runtime ## Every test: lint, types, generated files, unit, integration, images, e2e
 	$(MAKE) --no-print-directory test-runtime-pure
 	KILN_RUNTIME_BUILD=compiled $(PY) -m pytest tests
 
@@ -153,8 +153,8 @@ bench-coldstart: venv system-deps docker-up ## Apply -> first inference through 
 bench-warmup-memory: venv ## Operator peak RSS while 4 services with 16 MiB inputs warm up, with and without the budget -> docs/benchmarks/operator.md
 	$(PY) -m tests.integration.warmup.bench_warmup_memory --out docs/benchmarks/operator.md
 
-gotools: ## Build (or find in the cache) Helm, the kstatus command and Argo CD's health test -> docs/gitops.md
-	@for tool in helm kstatus argocd-health; do bash e2e/gotools/build.sh $$tool; done
+gotools: ## Build (or find in the cache) Helm, the kstatus command, Argo CD's health test (docs/gitops.md), the Gateway API CRDs, Jaeger (docs/observability.md), Prometheus with Kubernetes discovery and the Prometheus Operator's CRDs (docs/prometheus.md)
+	@for tool in helm kstatus argocd-health gateway-api-crds jaeger prometheus prometheus-operator-crds; do bash e2e/gotools/build.sh $$tool; done
 
 test-gitops: venv ## The chart (lint, schema, same objects as kustomize) and the Argo CD health check
 	$(PY) -m pytest tests/unit/gitops

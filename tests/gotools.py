@@ -1,4 +1,6 @@
-"""The Go tools of the GitOps tests — Helm, kstatus, Argo CD's own health evaluation — and kubectl.
+"""The pinned Go tools and manifests the tests use — Helm, kstatus, Argo CD's own health
+evaluation, Prometheus with Kubernetes discovery, the Gateway API's and the Prometheus Operator's
+CRDs — and kubectl.
 
 Why it exists: each is a pinned upstream program, built once through the Go module proxy and
 cached outside the checkout (e2e/gotools/build.sh, e2e/cluster/binaries.sh); unit and integration
@@ -45,3 +47,13 @@ def kubectl() -> Path:
 def gateway_api_crds() -> Path:
     """The directory of the pinned Gateway API's standard-channel CRDs (e2e/gotools)."""
     return go_tool("gateway-api-crds")
+
+
+def prometheus_operator_crds() -> Path:
+    """The directory of the pinned Prometheus Operator's monitoring.coreos.com CRDs."""
+    return go_tool("prometheus-operator-crds")
+
+
+def discovering_prometheus() -> Path:
+    """Prometheus built from its module with Kubernetes service discovery (Debian's has none)."""
+    return go_tool("prometheus")

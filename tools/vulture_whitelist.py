@@ -126,6 +126,10 @@ _.cluster_ip
 _.ready_endpoints
 _.run_load
 
+# The Prometheus that discovers Kiln's pods through the API server, which the integration tests'
+# `start_prometheus` fixture starts (e2e/kiln_localcluster/discovery.py).
+_.start_discovering_prometheus
+
 # What the test session's cluster asks before starting it: whether it reuses a running one, so
 # that it stops only a cluster it started (tests/sessioncluster.py).
 _.reusable

@@ -10,6 +10,11 @@
 #   build.sh jaeger         Jaeger's all-in-one $JAEGER_VERSION (OTLP in, query API out, traces
 #                           in memory), built inside its module: its go.mod has a replace
 #                           directive, which `go install module@version` refuses
+#   build.sh prometheus-operator-crds  the monitoring.coreos.com CRDs of $PROMETHEUS_OPERATOR_VERSION,
+#                           from the Prometheus Operator's module (example/prometheus-operator-crd)
+#   build.sh prometheus     Prometheus $PROMETHEUS_VERSION from its module, with Kubernetes service
+#                           discovery only (Debian's package is built without it): the discovery
+#                           tests run the configuration docs/prometheus.md ships
 #
 # Why it exists: these are large Go builds (Argo CD's module graph takes many minutes on 2 cores);
 # each is built once per pinned version and source, like e2e/cluster/binaries.sh does for the
@@ -30,10 +35,12 @@ case "$tool" in
   helm) key=$HELM_VERSION ;;
   gateway-api-crds) key=$GATEWAY_API_VERSION ;;
   jaeger) key=$JAEGER_VERSION ;;
+  prometheus-operator-crds) key=$PROMETHEUS_OPERATOR_VERSION ;;
+  prometheus) key=$PROMETHEUS_VERSION ;;
   kstatus | argocd-health)
     src="$here/${tool/argocd-health/argocdhealth}"
     key=$(cd "$src" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-16) ;;
-  *) echo "usage: build.sh helm|kstatus|argocd-health|gateway-api-crds|jaeger" >&2; exit 2 ;;
+  *) echo "usage: build.sh helm|kstatus|argocd-health|gateway-api-crds|jaeger|prometheus-operator-crds|prometheus" >&2; exit 2 ;;
 esac
 cache_root="${KILN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln}/gotools"
 entry="$cache_root/$tool-$key"
@@ -71,6 +78,24 @@ case "$tool" in
     mkdir "$staging/$tool"
     cp "$module"/config/crd/standard/gateway.networking.k8s.io_*.yaml "$staging/$tool/"
     chmod -R u+w,a+rX "$staging/$tool" ;;
+  prometheus-operator-crds)
+    module=$(cd "$staging" && go mod download -json \
+      "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" |
+      sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    crds="$module/example/prometheus-operator-crd"
+    [ -d "$crds" ] || { log "no CRDs in the Prometheus Operator's $PROMETHEUS_OPERATOR_VERSION"; exit 1; }
+    mkdir "$staging/$tool"
+    cp "$crds"/monitoring.coreos.com_*.yaml "$staging/$tool/"
+    chmod -R u+w,a+rX "$staging/$tool" ;;
+  prometheus)
+    # Only Kubernetes discovery compiled in (Prometheus' own build tags): a fraction of the
+    # module graph (no cloud SDKs). The web UI's assets are left out (builtinassets unset); the
+    # HTTP API, which is all the tests use, is complete.
+    v=github.com/prometheus/common/version release=${PROMETHEUS_VERSION#v0.}  # 316.0 -> 3.16.0
+    release="${release:0:1}.${release:1}"
+    ld="-s -w -X $v.Version=$release -X $v.Branch=module -X $v.BuildUser=kiln"
+    (cd "$staging" && GOBIN="$staging" go install -tags remove_all_sd,enable_kubernetes_sd \
+      -ldflags "$ld" "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION") ;;
 esac
 [ -x "$staging/$tool" ] || { log "no $tool produced; cache left untouched"; exit 1; }
 chmod 755 "$staging"

@@ -20,10 +20,17 @@ import pytest
 
 from kiln_localcluster import prometheus
 from kiln_localcluster.cluster import ClusterInfo, kubectl
+from kiln_localcluster.discovery import ServiceAccount, start_discovering_prometheus
 from kiln_localcluster.processes import stop
-from kiln_localcluster.targets import targets_file
 from kiln_localcluster.waiting import wait_for
+from tests.gotools import discovering_prometheus
 from tests.sessioncluster import REPO, SessionCluster
+
+PROMETHEUS_MANIFESTS = REPO / "manifests" / "prometheus"
+SCRAPE_CONFIG = PROMETHEUS_MANIFESTS / "scrape-config.yaml"
+"""The scrape configuration docs/prometheus.md ships for a Prometheus without its Operator."""
+PROMETHEUS_ACCOUNT = ServiceAccount(namespace="monitoring", name="prometheus")
+"""The ServiceAccount manifests/prometheus/rbac.yaml creates and binds."""
 
 
 @dataclass(frozen=True)
@@ -81,19 +88,31 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+@pytest.fixture(scope="session")
+def prometheus_account(cluster: Cluster) -> ServiceAccount:
+    """manifests/prometheus/rbac.yaml applied as shipped (its namespace created first)."""
+    namespace = PROMETHEUS_ACCOUNT.namespace
+    if cluster.kubectl("get", "namespace", namespace, check=False).returncode != 0:
+        cluster.kubectl("create", "namespace", namespace)
+    cluster.kubectl("apply", "-f", str(PROMETHEUS_MANIFESTS / "rbac.yaml"))
+    return PROMETHEUS_ACCOUNT
+
+
 @pytest.fixture
 def start_prometheus(
-    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+    cluster: Cluster, prometheus_account: ServiceAccount, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[[], prometheus.LocalPrometheus]]:
-    """Start a real Prometheus scraping the cluster's Kiln pods; each is stopped afterwards."""
-    if (missing := prometheus.available()) is not None:
-        pytest.fail(f"{missing}: run `make system-deps`")
+    """Start a real Prometheus scraping the cluster's Kiln pods every second: it discovers them
+    with the scrape configuration docs/prometheus.md ships and its own ServiceAccount's token,
+    as a user's Prometheus does (kiln_localcluster.discovery); each is stopped afterwards."""
+    binary = discovering_prometheus()
     started: list[prometheus.LocalPrometheus] = []
 
     def start() -> prometheus.LocalPrometheus:
-        instance = prometheus.start_prometheus(
-            targets_file(REPO / ".kiln" / "cluster"), tmp_path_factory.mktemp("prometheus")
-        )
+        instance = start_discovering_prometheus(
+            binary, cluster.info, prometheus_account, scrape_config_file=SCRAPE_CONFIG,
+            directory=tmp_path_factory.mktemp("prometheus"),
+        )  # fmt: skip
         started.append(instance)
         return instance
 
