@@ -134,5 +134,9 @@ _.start_discovering_prometheus
 # that it stops only a cluster it started (tests/sessioncluster.py).
 _.reusable
 
+# The local Prometheus' URL as a pod reaches it, for the chart installed by the e2e tier
+# (tests/e2e/test_in_cluster.py).
+_.pod_prometheus_url
+
 # numpy's flag, set to make the response cache's stored answers read-only (response_cache.py).
 _.writeable

@@ -4,8 +4,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from kiln_localcluster.cluster import ClusterOptions, LocalCluster
+from kiln_localcluster.cluster import ClusterOptions, LocalCluster, relayed_ports
 from kiln_localcluster.node import NODE_IP, NODE_NAME
+from kiln_localcluster.relay import relay_forever
 from kiln_localcluster.targets import publish_forever, targets_file
 from kiln_localcluster.volumes import provision_claim
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
             "import-image",
             "publish-targets",
             "serve-bucket",
+            "relay",
         ],
     )
     parser.add_argument(
@@ -67,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
             print("local cluster is not running", file=sys.stderr)
             return 1
         publish_forever(cluster.api_reader(info.server), NODE_NAME, targets_file(cluster.dir))
+    elif args.command == "relay":
+        info = cluster.recorded_info()
+        if info is None:
+            print("local cluster is not running", file=sys.stderr)
+            return 1
+        relay_forever(NODE_IP, relayed_ports(info))
     elif args.command == "import-image":
         if not args.image:
             print("import-image needs --image", file=sys.stderr)

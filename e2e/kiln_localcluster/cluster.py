@@ -10,19 +10,22 @@ what it started, so it leaves no orphans.
 
 import dataclasses
 import datetime
+import ipaddress
 import json
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
 
-from kiln_localcluster import controlplane, node, pki, podnet, prometheus
+from kiln_localcluster import controlplane, node, pki, podnet, prometheus, relay
 from kiln_localcluster.controlplane import SERVICE_CIDR
 from kiln_localcluster.kubeconfig import admin_ssl_context, write_kubeconfig
 from kiln_localcluster.nodes import build_gpu_node
@@ -38,6 +41,9 @@ from kiln_localcluster.targets import ApiReader, targets_file
 from kiln_localcluster.waiting import http_ok, wait_for
 
 BINARIES_SCRIPT = Path(__file__).resolve().parent.parent / "cluster" / "binaries.sh"
+KUBERNETES_SERVICE_IP = str(ipaddress.ip_network(SERVICE_CIDR)[1])
+"""The `kubernetes` Service's cluster IP (the range's first address), in the API server's
+certificate: a pod's in-cluster client connects to it by that address."""
 
 
 @dataclass(frozen=True)
@@ -181,7 +187,10 @@ class LocalCluster:
         identities = [pki.ADMIN, pki.CONTROLLER_MANAGER, pki.SCHEDULER, pki.KWOK]
         if self.options.real_node:
             identities += [pki.KUBELET, pki.KUBE_PROXY]
-        material = pki.create_pki(self.dir / "pki", identities, datetime.datetime.now(datetime.UTC))
+        material = pki.create_pki(
+            self.dir / "pki", identities, datetime.datetime.now(datetime.UTC),
+            service_ip=KUBERNETES_SERVICE_IP,
+        )  # fmt: skip
         etcd_port, peer_port, api_port = free_ports(3)
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         server = f"https://127.0.0.1:{api_port}"
@@ -347,6 +356,26 @@ class LocalCluster:
             info, "patch", "node", node.NODE_NAME, "--subresource=status", "--type=merge",
             "-p", node.advertise_gpus_patch(self.options.gpus_per_node),
         )  # fmt: skip
+        self._relay_to_pods(info)
+
+    def _relay_to_pods(self, info: ClusterInfo) -> None:
+        """The API server and Prometheus reachable from pods (`relay`): a relay on the node's
+        bridge address, in the node's process table (it lives and dies with the bridge), and
+        the API server's relay published as the `kubernetes` Service's endpoint."""
+        ports = relayed_ports(info)
+        process = spawn("relay", self._own_command("relay"), self.dir / "logs" / "relay.log")
+        ProcessTable(self.node_paths.processes).add(process)
+        wait_started(process, lambda: all(_accepts(node.NODE_IP, p) for p in ports), timeout=30)
+        slice_ = relay.kubernetes_endpoint_slice(node.NODE_IP, ports[0])
+        kubectl(info, "apply", "-f", "-", input=slice_)
+
+    def pod_prometheus_url(self) -> str:
+        """The cluster's Prometheus as a pod on the real node reaches it (through the relay);
+        empty where the cluster has no Prometheus."""
+        info = self.recorded_info()
+        if info is None or not info.prometheus:
+            return ""
+        return relay.node_url(info.prometheus, node.NODE_IP)
 
     def import_image(self, image: str) -> None:
         """Make a Docker image of this machine available to the real node's containerd."""
@@ -371,6 +400,20 @@ def kubectl(
     if check and result.returncode != 0:
         raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
     return result
+
+
+def relayed_ports(info: ClusterInfo) -> list[int]:
+    """The loopback ports relayed to pods: the API server's first, then Prometheus' if any."""
+    urls = [info.server, *([info.prometheus] if info.prometheus else [])]
+    return [int(urllib.parse.urlsplit(url).port or 0) for url in urls]
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def resolve_binaries(kind: str = "control-plane") -> Path:

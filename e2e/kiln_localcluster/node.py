@@ -136,7 +136,7 @@ def start(
     logs = paths.run / "logs"
     _create_bridge(service_cidr)
     _write_containerd_config(paths)
-    _write_cni_config(paths, pod_cidr)
+    _write_cni_config(paths, pod_cidr, service_cidr)
     containerd = spawn(
         "containerd", ["containerd", f"--config={paths.run / 'containerd.toml'}"],
         logs / "containerd.log",
@@ -361,12 +361,15 @@ state = "{paths.run / "containerd-state"}"
     )
 
 
-def _write_cni_config(paths: NodePaths, pod_cidr: str) -> None:
+def _write_cni_config(paths: NodePaths, pod_cidr: str, service_cidr: str) -> None:
+    """Pods get their range and the service range, both through the bridge (kube-proxy rewrites
+    a cluster IP there, on this machine); no default route, so nothing of theirs leaves it."""
     conf_dir = paths.run / "cni"
     conf_dir.mkdir(parents=True, exist_ok=True)
     ipam = {
         "type": "host-local",
         "ranges": [[{"subnet": pod_cidr, "gateway": NODE_IP}]],
+        "routes": [{"dst": service_cidr, "gw": NODE_IP}],
         "dataDir": str(paths.run / "ipam"),
     }
     conflist = {

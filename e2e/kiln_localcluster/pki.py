@@ -134,8 +134,16 @@ def _sign(
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def create_pki(directory: Path, identities: list[Identity], now: datetime.datetime) -> Pki:
-    """Write a CA, the API server's serving certificate, client certificates and the SA key pair."""
+def create_pki(
+    directory: Path,
+    identities: list[Identity],
+    now: datetime.datetime,
+    *,
+    service_ip: str | None = None,
+) -> Pki:
+    """Write a CA, the API server's serving certificate, client certificates and the SA key pair.
+
+    ``service_ip``: the `kubernetes` Service's cluster IP, which in-cluster clients connect to."""
     directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(directory)
     ca_key = _key()
@@ -156,6 +164,8 @@ def create_pki(directory: Path, identities: list[Identity], now: datetime.dateti
         )
     ]
     sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    if service_ip is not None:
+        sans.append(x509.IPAddress(ipaddress.ip_address(service_ip)))
     serving = _sign(
         x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
         serving_key.public_key(),

@@ -156,31 +156,59 @@ def cluster(request: pytest.FixtureRequest) -> E2ECluster:
     return cluster
 
 
+class HostOperator:
+    """The operator as a process of this machine (the local cluster), stopped while a test runs
+    its own operator in the cluster (`paused`): two operators must never serve one namespace."""
+
+    def __init__(self, cluster: E2ECluster, log: Path, prometheus: str) -> None:
+        self._cluster, self._log, self._prometheus = cluster, log, prometheus
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._process = _start_operator(self._cluster, self._log, self._prometheus)
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self.stop()
+        try:
+            yield
+        finally:
+            self.start()
+
+
 @pytest.fixture(scope="package")
-def operator(cluster: E2ECluster) -> Iterator[None]:
+def operator(cluster: E2ECluster) -> Iterator[HostOperator | None]:
     """On the local cluster, Kiln's operator serving every namespace for as long as this suite
-    runs (on a user's cluster, the operator installed there)."""
+    runs (on a user's cluster, the operator installed there: None)."""
     if cluster.local is None:
-        yield
+        yield None
         return
     info = cluster.local.recorded_info()
     assert info is not None
     STATE_DIR.mkdir(parents=True, exist_ok=True)
-    process = _start_operator(cluster, STATE_DIR / "operator.log", info.prometheus)
+    host = HostOperator(cluster, STATE_DIR / "operator.log", info.prometheus)
+    host.start()
     try:
-        yield
+        yield host
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+        host.stop()
 
 
 @pytest.fixture
-def namespace(cluster: E2ECluster, operator: None, request: pytest.FixtureRequest) -> Iterator[str]:
+def namespace(
+    cluster: E2ECluster, operator: HostOperator | None, request: pytest.FixtureRequest
+) -> Iterator[str]:
     """A fresh namespace that enforces Pod Security `restricted`, deleted afterwards."""
     stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"{stem}-{uuid.uuid4().hex[:6]}"
