@@ -23,7 +23,14 @@ import yaml
 
 from kiln_localcluster.waiting import wait_for
 from tests.e2e.conftest import E2ECluster, Model, service_address
-from tests.e2e.test_real_node import GRPC, HTTP, MODEL, inference_service, runtime_pods
+from tests.e2e.test_real_node import (
+    GRPC,
+    HTTP,
+    MODEL,
+    inference_service,
+    ready_addresses,
+    runtime_pods,
+)
 from tests.sessioncluster import missing_component
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -159,7 +166,9 @@ def test_scale_down_under_load_loses_no_request_and_removes_the_idlest(
         lambda: cluster.kubectl(
             "wait", "-n", namespace, "--for=condition=Ready", f"inferenceservice/{name}",
             "--timeout=5s", check=False,
-        ).returncode == 0 and len(runtime_pods(cluster, namespace)) == 3,
+        ).returncode == 0 and len(runtime_pods(cluster, namespace)) == 3
+        # Ready holds from the first gated pod on: the load below needs all three serving.
+        and len(ready_addresses(cluster, namespace, name)) == 3,
         timeout=300, interval=2, description="3 replicas past their warm-up gate",
     )  # fmt: skip
     pods = {p["metadata"]["name"]: p for p in runtime_pods(cluster, namespace)}
