@@ -194,6 +194,17 @@ def _policy_violations(spec: InferenceServiceSpec, policy: Policy) -> list[str]:
             f"{label}: spec.runtime.cache.redis.address {redis!r} is not one of "
             f"allowedRedisAddresses {limits.allowed_redis_addresses}"
         )
+    tracing = spec.runtime.tracing
+    endpoint = None if tracing is None else tracing.otlp_endpoint
+    if (
+        endpoint is not None
+        and limits.allowed_tracing_endpoints is not None
+        and endpoint not in limits.allowed_tracing_endpoints
+    ):
+        problems.append(
+            f"{label}: spec.runtime.tracing.otlpEndpoint {endpoint!r} is not one of "
+            f"allowedTracingEndpoints {limits.allowed_tracing_endpoints}"
+        )
     return problems + _pod_violations(spec, policy)
 
 

@@ -189,6 +189,12 @@ def test_a_profile_value_that_breaks_a_cross_field_check_names_the_field_and_pro
             "allowedRedisAddresses ['redis.cache.svc:6379']",
         ),
         (
+            {"allowedTracingEndpoints": ["http://otel.observability:4318/v1/traces"]},
+            {"runtime": {"tracing": {"otlpEndpoint": "http://10.0.0.9:4318/v1/traces"}}},
+            "spec.runtime.tracing.otlpEndpoint 'http://10.0.0.9:4318/v1/traces' is not one of "
+            "allowedTracingEndpoints ['http://otel.observability:4318/v1/traces']",
+        ),
+        (
             {"allowedPrometheusUrls": ["http://prometheus.monitoring:9090"]},
             {"autoscaling": {"prometheusUrl": "http://prometheus.monitoring:9091"}},
             "'http://prometheus.monitoring:9091' is not an endpoint the platform allows",
@@ -223,6 +229,11 @@ def test_a_spec_within_every_limit_runs() -> None:
     deterministic = {**MODEL, "deterministic": True}
     served = spec_of(state, {"model": deterministic, "runtime": {"cache": cached}})
     assert served.runtime.cache is not None and served.runtime.cache.redis is not None
+    collector = "http://otel.observability:4318/v1/traces"
+    traced = policy("traces", allowedTracingEndpoints=[collector])
+    state = PlatformState(cluster_profiles=[PLATFORM], cluster_policies=[limits, traced])
+    tracing = {"tracing": {"otlpEndpoint": collector}}
+    assert spec_of(state, {"model": MODEL, "runtime": tracing}).runtime.tracing is not None
 
 
 def test_a_namespace_policy_narrows_the_cluster_policy_and_never_widens_it() -> None:

@@ -130,6 +130,12 @@ class InferencePolicySpec(ApiModel):
     """Redis servers (host:port, exactly as written in the service) that
     spec.runtime.cache.redis.address may name: without it a service's pods connect to any
     address its spec gives. An empty list forbids a shared cache."""
+    allowed_tracing_endpoints: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=2048)]] | None, Field(max_length=64)
+    ] = None
+    """OTLP endpoints (URLs, exactly as written in the service) that
+    spec.runtime.tracing.otlpEndpoint may name: without it a service's pods send their spans to
+    any address its spec gives. An empty list forbids tracing."""
     allowed_prometheus_urls: Annotated[
         list[Annotated[str, Field(max_length=512, pattern=r"^https?://[^\s]+$")]] | None,
         Field(max_length=64),
