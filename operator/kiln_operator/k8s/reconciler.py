@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 
 from kiln_operator import constants
 from kiln_operator.api.v1alpha1 import InferenceServiceSpec
+from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState
 from kiln_operator.builders import (
     Owner,
     build_deployment,
@@ -221,6 +222,7 @@ class Reconciler:
             download_failure=model_download_failure(
                 self._cache.pods_of(owner.namespace, owner.name)
             ),
+            cold_start_seconds=_last_cold_start(body),
         )
         update = compute_status(body.get("status") or {}, observation, datetime.now(UTC))
         if update.patch is not None:
@@ -274,7 +276,9 @@ class Reconciler:
         that wait should not delay the Deployment's pods, nor the other way round."""
 
         async def deployment_and_pdb() -> Manifest | None:
-            initial_replicas = spec.autoscaling.min_replicas
+            # A service at minReplicas 0 starts with one pod: its first rollout is proven and
+            # its cold start measured; the autoscaler takes it to zero after the idle window.
+            initial_replicas = max(1, spec.autoscaling.min_replicas)
             if deployment is None:
                 desired = build_deployment(
                     spec, owner, initial_replicas, imitated_gpus=self._imitated_gpus
@@ -519,3 +523,18 @@ def _failure(target: str, error: RequestFailed) -> ChildProblem:
         constants.REASON_CHILD_APPLY_FAILED,
         f"could not {verb} {target}{how}: {error.answer}; retrying with backoff",
     )
+
+
+def _last_cold_start(body: Manifest) -> float | None:
+    """The last cold start measured: the autoscaler remembers it through the time at zero (no
+    pod left to measure); else the warm-up gate's status."""
+    annotations = body["metadata"].get("annotations") or {}
+    try:
+        remembered = ScalerState.from_annotation(annotations.get(STATE_ANNOTATION))
+    except InvalidScalerState:
+        remembered = ScalerState()  # the autoscaler reports it; the message can do without
+    if remembered.cold_start_seconds is not None:
+        return remembered.cold_start_seconds
+    warmup = (body.get("status") or {}).get("warmup") or {}
+    measured = warmup.get("coldStartP90Seconds")
+    return float(measured) if isinstance(measured, int | float) else None
