@@ -34,6 +34,24 @@ def is_gated(pod: Pod) -> bool:
     return any(g.get("conditionType") == constants.CONDITION_WARMED_UP for g in gates)
 
 
+def ready_addresses(pods: list[Pod]) -> tuple[list[str], list[str]]:
+    """`ip:port` of the HTTP and gRPC ports of every pod that is Ready (for a gated pod, past its
+    warm-up gate) and not being deleted: where Kiln's activator may release held requests."""
+    ips = sorted(
+        str(pod["status"]["podIP"])
+        for pod in pods
+        if (pod.get("status") or {}).get("podIP")
+        and not (pod.get("metadata") or {}).get("deletionTimestamp")
+        and (_condition(pod, "Ready") or {}).get("status") == "True"
+        and (not is_gated(pod) or (gate_condition(pod) or {}).get("status") == "True")
+    )
+    hosts = [f"[{ip}]" if ":" in ip else ip for ip in ips]
+    return (
+        [f"{host}:{constants.HTTP_PORT}" for host in hosts],
+        [f"{host}:{constants.GRPC_PORT}" for host in hosts],
+    )
+
+
 def needs_warmup(pod: Pod) -> bool:
     """A gated, running pod whose container is ready and whose gate is not yet decided.
 

@@ -3,6 +3,7 @@ request (HTTP, and gRPC through tritonclient) is answered by the runtime once th
 reported ready; beyond the count or past the deadline a client is told at once that the service
 is waking; the demand and the metrics say what happened."""
 
+import asyncio
 import concurrent.futures
 import http.client
 import json
@@ -22,6 +23,7 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from kiln_localcluster.processes import free_ports
+from kiln_operator.k8s.activator import Activators
 from kiln_runtime.examples import build
 
 from .conftest import ModelFactory
@@ -249,3 +251,35 @@ def test_a_host_without_a_namespace_is_refused_with_how_to_name_the_service(
 ) -> None:
     status, _, body = post_infer(activator.http_port, "mlp:8000", rows(1, seed=5))
     assert status == 404 and "NAME.NAMESPACE" in body["error"]
+
+
+async def test_the_operator_reads_the_held_demand_and_reports_the_ready_pods(
+    activator: ActivatorProcess, runtime: Runtime
+) -> None:
+    """kiln_operator.k8s.activator against the activator process: the demand the autoscaler
+    wakes a service from, and the report that releases the held requests."""
+    activators = Activators(f"{HOST}:{activator.control_port}")
+    try:
+        assert await activators.held(("op-a", "mlp")) == 0  # answered: nothing held
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(post_infer, activator.http_port, "mlp.op-a", rows(1, seed=6))
+            await asyncio.to_thread(activator.wait_held, "op-a/mlp", 1)
+            await asyncio.sleep(1.1)  # past the cached read's age
+            assert await activators.held(("op-a", "mlp")) == 1
+            await activators.report(("op-a", "mlp"), [runtime.http_url], [runtime.grpc_url])
+            assert (await asyncio.to_thread(answer.result, 30))[0] == 200
+        # back at zero: new requests wait again
+        await activators.report(("op-a", "mlp"), [], [])
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            again = pool.submit(post_infer, activator.http_port, "mlp.op-a", rows(1, seed=7))
+            await asyncio.to_thread(activator.wait_held, "op-a/mlp", 1)
+            await activators.report(("op-a", "mlp"), [runtime.http_url], [runtime.grpc_url])
+            assert (await asyncio.to_thread(again.result, 30))[0] == 200
+    finally:
+        await activators.close()
+    (unanswered,) = free_ports(1)
+    silent = Activators(f"{HOST}:{unanswered}", timeout=1.0)
+    try:
+        assert await silent.held(("op-a", "mlp")) is None  # unknown, never taken for zero
+    finally:
+        await silent.close()
