@@ -13,7 +13,6 @@ itself is written only on a change.
 
 import datetime
 import logging
-import os
 from typing import Any
 
 import kopf
@@ -21,7 +20,6 @@ from prometheus_client import Counter, Histogram
 
 from kiln_operator import constants
 from kiln_operator.handlers.inferenceservice import PROMETHEUS_URL, operator_scheduler
-from kiln_operator.k8s.activator import Activators
 from kiln_operator.k8s.autoscaler import Autoscaler
 from kiln_operator.k8s.client import RequestFailed
 from kiln_operator.k8s.events import post_event
@@ -44,11 +42,6 @@ EVALUATION_LAG = Histogram(
     "the start of its previous pass.",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
-
-ACTIVATOR_CONTROL = os.environ.get("KILN_ACTIVATOR_CONTROL") or None
-"""host:port of the activator pods' control port (the chart's headless Service): the held
-requests of services at minReplicas 0 are read there, their ready pods reported there. Unset:
-no activator, and a service at zero is woken only by a pre-warm window."""
 
 EVENT_SCALED_UP = "ScaledUp"
 EVENT_SCALED_DOWN = "ScaledDown"
@@ -94,9 +87,8 @@ def shared_autoscaler(memo: Any) -> Autoscaler:
     by every service's passes."""
     slot: dict[str, Autoscaler] = memo.shared_autoscaler
     if SHARED not in slot:
-        activators = Activators(ACTIVATOR_CONTROL) if ACTIVATOR_CONTROL else None
         slot[SHARED] = Autoscaler(
-            memo.kube, memo.cache, PROMETHEUS_URL, memo.platform, activators=activators
+            memo.kube, memo.cache, PROMETHEUS_URL, memo.platform, activators=memo.get("activators")
         )
     return slot[SHARED]
 

@@ -34,6 +34,7 @@ from kiln_operator.builders import (
     build_service_monitor,
 )
 from kiln_operator.builders.compare import build_update, needs_update
+from kiln_operator.builders.endpoints import build_endpoint_slice
 from kiln_operator.builders.naming import Manifest, grpc_address, http_url, label_selector_string
 from kiln_operator.builders.pdb import wants_pdb
 from kiln_operator.builders.route import (
@@ -43,12 +44,14 @@ from kiln_operator.builders.route import (
     build_ingress,
 )
 from kiln_operator.constants import MANAGER
+from kiln_operator.k8s.activator import Activators
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, KubeClient, RequestFailed
 from kiln_operator.k8s.platform import PlatformObjects
 from kiln_operator.k8s.resources import (
     CRDS,
     DEPLOYMENTS,
+    ENDPOINT_SLICES,
     GRPC_ROUTES,
     HTTP_ROUTES,
     INFERENCE_SERVICES,
@@ -113,9 +116,13 @@ class Reconciler:
         platform: PlatformObjects | None = None,
         *,
         imitated_gpus: bool = False,
+        activators: Activators | None = None,
     ) -> None:
         self._kube = kube
         self._imitated_gpus = imitated_gpus
+        self._activators = activators
+        """Kiln's activator (KILN_ACTIVATOR_CONTROL): a service at minReplicas 0 sends its
+        traffic to it while no pod serves. None: no activator, every Service selects pods."""
         self._cache = cache
         self._platform = platform if platform is not None else PlatformObjects()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -305,8 +312,12 @@ class Reconciler:
                 target = f"CustomResourceDefinition {SERVICE_MONITOR_CRD}"
                 outcome.child_problems.append(_failure(target, error))
                 return
-            service = build_service(owner, scrape_annotations=not with_monitor)
+            through_activator = spec.autoscaling.min_replicas == 0 and self._activators is not None
+            service = build_service(
+                owner, scrape_annotations=not with_monitor, selects_pods=not through_activator
+            )
             await self._ensure(SERVICES, owner, service, outcome, fresh)
+            await self._endpoints(owner, through_activator, outcome, fresh)
             if with_monitor:
                 monitor = build_service_monitor(owner)
                 await self._ensure(SERVICE_MONITORS, owner, monitor, outcome, fresh)
@@ -319,6 +330,23 @@ class Reconciler:
         except ExceptionGroup as failed:
             raise failed.exceptions[0] from None  # as a sequential reconcile would have raised
         return written.result()
+
+    async def _endpoints(
+        self, owner: Owner, through_activator: bool, outcome: Outcome, fresh: bool
+    ) -> None:
+        """A service at minReplicas 0: Kiln's EndpointSlice lists its serving pods, else the
+        activator's (`builders.endpoints`); otherwise one Kiln made earlier is deleted (the
+        EndpointSlice controller keeps the Service's endpoints from its selector again)."""
+        if self._activators is None:
+            return
+        if through_activator:
+            pods = self._cache.pods_of(owner.namespace, owner.name)
+            ips = [address.rsplit(":", 1)[0] for address in await self._activators.addresses()]
+            desired = build_endpoint_slice(owner, pods, ips)
+            await self._ensure(ENDPOINT_SLICES, owner, desired, outcome, fresh)
+        else:
+            removal = self._remove(ENDPOINT_SLICES, owner, outcome, fresh)
+            await self._reported(removal, "EndpointSlice", owner, outcome)
 
     async def _apply_routes(
         self, spec: InferenceServiceSpec, owner: Owner, outcome: Outcome, fresh: bool
