@@ -65,6 +65,7 @@ from kiln_operator.k8s.resources import (
 from kiln_operator.status import Event, compute_status
 from kiln_operator.status.compute import ChildProblem, ReconcileObservation
 from kiln_operator.status.download import model_download_failure
+from kiln_operator.warmup.podstate import ready_addresses
 
 logger = logging.getLogger(__name__)
 
@@ -344,6 +345,9 @@ class Reconciler:
             ips = [address.rsplit(":", 1)[0] for address in await self._activators.addresses()]
             desired = build_endpoint_slice(owner, pods, ips)
             await self._ensure(ENDPOINT_SLICES, owner, desired, outcome, fresh)
+            # the held requests go to a pod as soon as one passed its gate (its Deployment's
+            # readyReplicas change queues this reconcile), not at the autoscaler's next pass
+            await self._activators.report((owner.namespace, owner.name), *ready_addresses(pods))
         else:
             removal = self._remove(ENDPOINT_SLICES, owner, outcome, fresh)
             await self._reported(removal, "EndpointSlice", owner, outcome)
