@@ -33,8 +33,14 @@ def parse(argv: Sequence[str] | None) -> tuple[str, Ports, Settings]:
                         help="the longest a request waits for a ready pod")  # fmt: skip
     parser.add_argument("--max-services", type=int, default=defaults.max_services)
     parser.add_argument("--max-body-bytes", type=int, default=Settings().max_body_bytes)
+    parser.add_argument("--max-in-flight-per-pod", type=int,
+                        default=Settings().max_in_flight_per_pod,
+                        help="released requests in flight to one pod at once")  # fmt: skip
     args = parser.parse_args(argv)
-    for name in ("max_held_requests", "max_held_bytes", "max_services", "max_body_bytes"):
+    for name in (
+        "max_held_requests", "max_held_bytes", "max_services", "max_body_bytes",
+        "max_in_flight_per_pod",
+    ):  # fmt: skip
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.hold_timeout_seconds <= 0:
@@ -46,7 +52,12 @@ def parse(argv: Sequence[str] | None) -> tuple[str, Ports, Settings]:
         max_services=args.max_services,
     )
     ports = Ports(args.http_port, args.grpc_port, args.control_port)
-    return args.host, ports, Settings(hold=hold, max_body_bytes=args.max_body_bytes)
+    settings = Settings(
+        hold=hold,
+        max_body_bytes=args.max_body_bytes,
+        max_in_flight_per_pod=args.max_in_flight_per_pod,
+    )
+    return args.host, ports, settings
 
 
 async def run(host: str, ports: Ports, settings: Settings) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from kiln_runtime.activator.control import ControlAdapter, HeldRequests
-from kiln_runtime.activator.forward import GrpcChannels
+from kiln_runtime.activator.forward import GrpcChannels, PodSlots
 from kiln_runtime.activator.fronts import ActivatorGrpc, ActivatorHttp
 from kiln_runtime.activator.hold import HoldLimits, Holds
 from kiln_runtime.config import Http2Limits, HttpLimits
@@ -38,6 +38,9 @@ class Settings:
     """The largest request body (HTTP) or message (gRPC) accepted."""
     max_response_bytes: int = 256 << 20
     """The largest answer a pod may give to a released HTTP request."""
+    max_in_flight_per_pod: int = 64
+    """Released requests in flight to one pod at once; keep it below the services'
+    `spec.runtime.batching.maxQueueSize` (256 by default), beyond which a pod refuses."""
 
 
 class Activator:
@@ -46,17 +49,20 @@ class Activator:
     def __init__(self, settings: Settings) -> None:
         self.holds = Holds(settings.hold)
         self.channels = GrpcChannels(settings.max_body_bytes)
+        self.slots = PodSlots(settings.max_in_flight_per_pod)
         registry = CollectorRegistry()
         registry.register(HeldRequests(self.holds))
         limits = HttpLimits()
         front = ActivatorHttp(
-            self.holds, limits, settings.max_body_bytes, settings.max_response_bytes
+            self.holds, self.slots, limits, settings.max_body_bytes, settings.max_response_bytes
         )
         self.http = HttpServer(front)
-        handler = ActivatorGrpc(self.holds, self.channels, settings.max_body_bytes)
+        handler = ActivatorGrpc(self.holds, self.slots, self.channels, settings.max_body_bytes)
         service = GrpcService("kiln.activator", {}, settings.max_body_bytes)
         self.grpc = GrpcServer(service, limits=Http2Limits(), handler=handler.handle)
-        self.control = HttpServer(ControlAdapter(self.holds, self.channels, limits, registry))
+        self.control = HttpServer(
+            ControlAdapter(self.holds, self.channels, self.slots, limits, registry)
+        )
 
     async def start(self, host: str, ports: Ports) -> Ports:
         """Listen; the ports bound."""

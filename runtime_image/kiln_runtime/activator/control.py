@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_l
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kiln_runtime.activator.forward import GrpcChannels
+from kiln_runtime.activator.forward import GrpcChannels, PodSlots
 from kiln_runtime.activator.hold import Holds
 from kiln_runtime.config import HttpLimits
 from kiln_runtime.protocol.rest import HttpResponse, empty, json_response
@@ -59,10 +59,16 @@ class ControlAdapter:
     """The control port's handler (``protocol.httpserver.HttpHandler``)."""
 
     def __init__(
-        self, holds: Holds, channels: GrpcChannels, limits: HttpLimits, registry: CollectorRegistry
+        self,
+        holds: Holds,
+        channels: GrpcChannels,
+        slots: PodSlots,
+        limits: HttpLimits,
+        registry: CollectorRegistry,
     ) -> None:
         self.holds = holds
         self.channels = channels
+        self.slots = slots
         self.http_limits = limits
         self.max_body = MAX_CONTROL_BODY
         self.registry = registry
@@ -96,6 +102,7 @@ class ControlAdapter:
                 return json_response(400, {"error": str(error)})
             self.holds.set_backends((found[1], found[2]), http, grpc)
             await self.channels.keep(self.holds.grpc_addresses())
+            self.slots.keep(self.holds.addresses())
             for seconds in self.holds.wakes:
                 WAKE_SECONDS.observe(seconds)
             self.holds.wakes.clear()

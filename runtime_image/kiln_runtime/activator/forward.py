@@ -31,6 +31,28 @@ PASSED_RESPONSE_HEADERS = (
 )
 
 
+class PodSlots:
+    """At most ``limit`` released requests in flight to one pod at a time; the others wait
+    (within their deadline) for a slot. A woken pod's batching queue is bounded
+    (``spec.runtime.batching.maxQueueSize``): a thousand held requests sent to it at once would
+    mostly be refused by the pod itself as overloaded."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._slots: dict[str, asyncio.Semaphore] = {}
+
+    def of(self, address: str) -> asyncio.Semaphore:
+        slot = self._slots.get(address)
+        if slot is None:
+            slot = self._slots[address] = asyncio.Semaphore(self.limit)
+        return slot
+
+    def keep(self, addresses: set[str]) -> None:
+        """Forget the pods that are no longer backends (requests in flight keep theirs)."""
+        for address in [a for a in self._slots if a not in addresses]:
+            del self._slots[address]
+
+
 class ForwardFailed(Exception):
     """The pod could not be reached or answered badly; the message says how."""
 

@@ -22,6 +22,7 @@ from kiln_runtime.activator.forward import (
     PASSED_RESPONSE_HEADERS,
     ForwardFailed,
     GrpcChannels,
+    PodSlots,
     forward_http,
 )
 from kiln_runtime.activator.hold import Holds, Refused, ServiceKey
@@ -79,9 +80,15 @@ class ActivatorHttp:
     """The HTTP/1.1 port's handler (``protocol.httpserver.HttpHandler``)."""
 
     def __init__(
-        self, holds: Holds, limits: HttpLimits, max_body: int, max_response_bytes: int
+        self,
+        holds: Holds,
+        slots: PodSlots,
+        limits: HttpLimits,
+        max_body: int,
+        max_response_bytes: int,
     ) -> None:
         self.holds = holds
+        self.slots = slots
         self.http_limits = limits
         self.max_body = max_body
         self.max_response_bytes = max_response_bytes
@@ -106,12 +113,18 @@ class ActivatorHttp:
             answer.extra_headers = ((b"Retry-After", b"%d" % refused.retry_after),)
             return answer
         HELD_SECONDS.observe(release.held_seconds)
+        seconds = self.holds.limits.timeout_seconds
         try:
-            status, answered, data = await forward_http(
-                release.address, method, path, headers, body,
-                seconds=self.holds.limits.timeout_seconds,
-                max_response_bytes=self.max_response_bytes,
-            )  # fmt: skip
+            async with asyncio.timeout(seconds), self.slots.of(release.address):
+                status, answered, data = await forward_http(
+                    release.address, method, path, headers, body,
+                    seconds=seconds, max_response_bytes=self.max_response_bytes,
+                )  # fmt: skip
+        except TimeoutError:
+            FORWARD_FAILED.labels("http").inc()
+            return json_response(
+                504, {"error": f"the pod {release.address} did not answer in time"}
+            )
         except ForwardFailed as error:
             FORWARD_FAILED.labels("http").inc()
             return json_response(502, {"error": f"the activator could not reach a pod: {error}"})
@@ -142,8 +155,11 @@ def grpc_status(code: grpc.StatusCode, message: str) -> Response:
 class ActivatorGrpc:
     """The gRPC port's handler (``protocol.http2`` ``Handler``): unary calls only."""
 
-    def __init__(self, holds: Holds, channels: GrpcChannels, max_message: int) -> None:
+    def __init__(
+        self, holds: Holds, slots: PodSlots, channels: GrpcChannels, max_message: int
+    ) -> None:
         self.holds = holds
+        self.slots = slots
         self.channels = channels
         self.max_message = max_message
 
@@ -179,8 +195,14 @@ class ActivatorGrpc:
         if deadline is not None:
             left = max(0.001, deadline - time.monotonic())
         path = headers.get(b":path", b"").decode("latin-1")
+        until = time.monotonic() + left
         try:
-            code, details, reply = await self.channels.call(release.address, path, message, left)
+            async with asyncio.timeout(left), self.slots.of(release.address):
+                code, details, reply = await self.channels.call(
+                    release.address, path, message, max(0.001, until - time.monotonic())
+                )
+        except TimeoutError:
+            return grpc_status(grpc.StatusCode.DEADLINE_EXCEEDED, "the pod did not answer in time")
         except asyncio.CancelledError:
             raise
         except Exception as error:  # grpcio's own failures (a closed channel) end this call

@@ -77,6 +77,10 @@ class Holds:
         """Requests held now, per service that holds any: what the autoscaler reads."""
         return {key: s.held for key, s in self._services.items() if s.held}
 
+    def addresses(self) -> set[str]:
+        """Every backend (HTTP and gRPC) of every service."""
+        return {a for s in self._services.values() for a in (*s.backends, *s.grpc_backends)}
+
     def grpc_addresses(self) -> set[str]:
         """Every gRPC backend of every service (the channels worth keeping open)."""
         return {address for s in self._services.values() for address in s.grpc_backends}

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,15 +75,14 @@ class ActivatorProcess:
         return self.control("GET", "/metrics")[1].decode()
 
 
-@pytest.fixture(scope="module")
-def activator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActivatorProcess]:
+@contextmanager
+def started_activator(log_dir: Path, *flags: str) -> Iterator[ActivatorProcess]:
     http_port, grpc_port, control_port = free_ports(3)
-    log = tmp_path_factory.mktemp("activator") / "activator.log"
+    log = log_dir / f"activator-{http_port}.log"
     command = [
         sys.executable, "-m", "kiln_runtime.activator", "--host", HOST,
         "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-        "--control-port", str(control_port), "--max-held-requests", str(MAX_HELD),
-        "--hold-timeout-seconds", str(HOLD_SECONDS), "--max-held-bytes", str(1 << 20),
+        "--control-port", str(control_port), *flags,
     ]  # fmt: skip
     with log.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
@@ -106,6 +106,16 @@ def activator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActivatorPro
         finally:
             if process.poll() is None:
                 process.kill()
+
+
+@pytest.fixture(scope="module")
+def activator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActivatorProcess]:
+    flags = [
+        "--max-held-requests", str(MAX_HELD), "--hold-timeout-seconds", str(HOLD_SECONDS),
+        "--max-held-bytes", str(1 << 20),
+    ]  # fmt: skip
+    with started_activator(tmp_path_factory.mktemp("activator"), *flags) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
@@ -283,3 +293,24 @@ async def test_the_operator_reads_the_held_demand_and_reports_the_ready_pods(
         assert await silent.held(("op-a", "mlp")) is None  # unknown, never taken for zero
     finally:
         await silent.close()
+
+
+def test_released_requests_are_paced_to_the_pods_bounded_queue(
+    example_model: ModelFactory, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """40 held requests released to a pod whose batching queue holds 8: sent all at once the
+    pod would refuse most as overloaded; the activator keeps 4 in flight, and all 40 succeed."""
+    logs = tmp_path_factory.mktemp("paced")
+    small_queue = example_model("mlp", batching={"maxQueueSize": 8, "maxBatchSize": 4})
+    with (
+        running(small_queue, logs) as pod,
+        started_activator(logs, "--max-held-requests", "40", "--max-in-flight-per-pod", "4")
+        as paced,
+    ):  # fmt: skip
+        x = rows(1, seed=8)
+        with concurrent.futures.ThreadPoolExecutor(40) as pool:
+            answers = [pool.submit(post_infer, paced.http_port, "mlp.paced", x) for _ in range(40)]
+            paced.wait_held("paced/mlp", 40)
+            paced.report("paced/mlp", pod)
+            statuses = [answer.result(timeout=60)[0] for answer in answers]
+    assert statuses == [200] * 40
