@@ -33,6 +33,9 @@ def parse(argv: Sequence[str] | None) -> tuple[str, Ports, Settings]:
                         help="the longest a request waits for a ready pod")  # fmt: skip
     parser.add_argument("--max-services", type=int, default=defaults.max_services)
     parser.add_argument("--max-body-bytes", type=int, default=Settings().max_body_bytes)
+    parser.add_argument("--max-connection-age-seconds", type=float,
+                        default=Settings().max_connection_age_seconds,
+                        help="gRPC connections are drained (GOAWAY) at this age")  # fmt: skip
     parser.add_argument("--max-in-flight-per-pod", type=int,
                         default=Settings().max_in_flight_per_pod,
                         help="released requests in flight to one pod at once")  # fmt: skip
@@ -43,8 +46,8 @@ def parse(argv: Sequence[str] | None) -> tuple[str, Ports, Settings]:
     ):  # fmt: skip
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.hold_timeout_seconds <= 0:
-        parser.error("--hold-timeout-seconds must be above 0")
+    if args.hold_timeout_seconds <= 0 or args.max_connection_age_seconds <= 0:
+        parser.error("--hold-timeout-seconds and --max-connection-age-seconds must be above 0")
     hold = HoldLimits(
         max_requests=args.max_held_requests,
         max_bytes=args.max_held_bytes,
@@ -56,6 +59,7 @@ def parse(argv: Sequence[str] | None) -> tuple[str, Ports, Settings]:
         hold=hold,
         max_body_bytes=args.max_body_bytes,
         max_in_flight_per_pod=args.max_in_flight_per_pod,
+        max_connection_age_seconds=args.max_connection_age_seconds,
     )
     return args.host, ports, settings
 

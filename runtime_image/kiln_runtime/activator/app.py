@@ -38,6 +38,10 @@ class Settings:
     """The largest request body (HTTP) or message (gRPC) accepted."""
     max_response_bytes: int = 256 << 20
     """The largest answer a pod may give to a released HTTP request."""
+    max_connection_age_seconds: float = 30.0
+    """gRPC connections are drained (GOAWAY, as gRPC's MAX_CONNECTION_AGE) at this age, so a
+    channel that connected while its service was at zero reconnects through the Service, to the
+    pods, once the service is awake; calls on it finish first (the grace outlasts the hold)."""
     max_in_flight_per_pod: int = 64
     """Released requests in flight to one pod at once; keep it below the services'
     `spec.runtime.batching.maxQueueSize` (256 by default), beyond which a pod refuses."""
@@ -59,7 +63,13 @@ class Activator:
         self.http = HttpServer(front)
         handler = ActivatorGrpc(self.holds, self.slots, self.channels, settings.max_body_bytes)
         service = GrpcService("kiln.activator", {}, settings.max_body_bytes)
-        self.grpc = GrpcServer(service, limits=Http2Limits(), handler=handler.handle)
+        self.grpc = GrpcServer(
+            service,
+            max_connection_age=settings.max_connection_age_seconds,
+            max_age_grace=settings.hold.timeout_seconds + 10.0,
+            limits=Http2Limits(),
+            handler=handler.handle,
+        )
         self.control = HttpServer(
             ControlAdapter(self.holds, self.channels, self.slots, limits, registry)
         )

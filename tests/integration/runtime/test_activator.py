@@ -314,3 +314,29 @@ def test_released_requests_are_paced_to_the_pods_bounded_queue(
             paced.report("paced/mlp", pod)
             statuses = [answer.result(timeout=60)[0] for answer in answers]
     assert statuses == [200] * 40
+
+
+def test_grpc_channels_are_drained_gracefully_and_no_call_fails(
+    runtime: Runtime, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """With connections aged at 1 s, a call held for 2.5 s outlives its connection's GOAWAY and
+    is answered; the channel then reconnects by itself, call after call, without one failing
+    (in a cluster, through the Service: to the pods once the service is awake)."""
+    logs = tmp_path_factory.mktemp("aged")
+    with started_activator(logs, "--max-connection-age-seconds", "1") as aged:
+        client = grpc_client(aged, "aged/mlp")
+        x = rows(1, seed=9)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            held = pool.submit(grpc_infer, client, x, 30.0)
+            aged.wait_held("aged/mlp", 1)
+            time.sleep(2.5)  # past the connection's age: it has been sent its GOAWAY
+            aged.report("aged/mlp", runtime)
+            first = held.result(timeout=30)
+        np.testing.assert_allclose(first.as_numpy("OUTPUT__0"), expected(x), rtol=1e-4, atol=1e-5)
+        started, answered = time.monotonic(), 0
+        while time.monotonic() - started < 4.0 and answered < 200:  # several connection ages
+            grpc_infer(client, x, 10.0)
+            answered += 1
+            time.sleep(0.05)
+        assert answered >= 20
+        client.close()
