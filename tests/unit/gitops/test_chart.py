@@ -234,3 +234,39 @@ def test_imitated_gpus_are_off_by_default_and_render_the_kustomize_component(
         assert obj == base[key], f"{key} differs between the chart and the kustomize component"
     refused = template(helm, "--set", "imitatedGpus=yes", check=False)
     assert "at '/imitatedGpus': got string, want boolean" in refused.stderr
+
+
+def test_the_activator_ships_restricted_with_its_control_port_for_the_operator_only(
+    helm: list[str],
+) -> None:
+    objects = keyed(documents(template(helm, "--set", "activator.enabled=true").stdout))
+    activator = objects[("Deployment", "kiln-activator")]
+    spec = activator["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert activator["spec"]["replicas"] == 2
+    assert container["command"] == ["python", "-m", "kiln_runtime.activator"]
+    assert "--max-held-requests=1000" in container["args"]
+    assert "--hold-timeout-seconds=120" in container["args"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert spec["automountServiceAccountToken"] is False
+    control = objects[("Service", "kiln-activator-control")]
+    assert control["spec"]["clusterIP"] == "None"
+    policy = objects[("NetworkPolicy", "kiln-activator")]
+    guarded = [rule for rule in policy["spec"]["ingress"] if "from" in rule]
+    assert guarded == [
+        {
+            "from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "kiln-operator"}}}],
+            "ports": [{"port": "control"}],
+        }
+    ]
+    operator_pods = objects[("Deployment", "kiln-operator")]["spec"]["template"]["spec"]
+    (operator,) = operator_pods["containers"]
+    env = {item["name"]: item.get("value") for item in operator["env"]}
+    assert env["KILN_ACTIVATOR_CONTROL"] == "kiln-activator-control.kiln-system.svc:9090"
+    # off by default: nothing of it, and the operator is not told of one
+    default = keyed(documents(template(helm).stdout))
+    assert ("Deployment", "kiln-activator") not in default
+    refused = template(helm, "--set", "activator.hold.maxRequests=0", check=False)
+    assert refused.returncode != 0 and "maxRequests" in refused.stderr
