@@ -206,4 +206,8 @@ bench-autoscaling: venv ## Kiln's autoscaler vs HPA, KEDA, Knative, oracles on s
 	$(PY) -m kiln_operator.simulator bench --seeds 20 --sweep-seeds 4 --processes 2 --out docs/benchmarks
 	$(PY) -m kiln_operator.simulator bench-learned --seeds 10 --processes 2 --out docs/benchmarks
 
-.PHONY: bench-autoscaling
+bench-scale-to-zero: venv ## Scale to zero: simulated days (replica-hours, attainment) and the activator holding 1,000 HTTP + 1,000 gRPC requests on loopback (~5 min) -> docs/benchmarks/scale-to-zero.md
+	$(PY) -m kiln_operator.simulator bench-zero --seeds 5 --processes 2 --out docs/benchmarks
+	cd runtime_image && ../$(PY) -m bench.activator_hold --out ../docs/benchmarks/scale-to-zero.md
+
+.PHONY: bench-autoscaling bench-scale-to-zero

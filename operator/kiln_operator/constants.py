@@ -169,7 +169,12 @@ REASON_METRICS_READ: Final = "MetricsRead"
 REASON_METRICS_UNAVAILABLE: Final = "MetricsUnavailable"
 """The autoscaler could not read usable metrics; the message says why."""
 REASON_SCALED_TO_ZERO: Final = "ScaledToZero"
-"""The Deployment has zero replicas: nothing serves, by choice."""
+"""The Deployment has zero replicas: nothing serves, by choice. With minReplicas 0 Ready stays
+True (the first request wakes the service); otherwise Ready is False until the autoscaler raises
+the replicas to the floor."""
+REASON_WAKING: Final = "Waking"
+"""minReplicas 0: the service was woken from zero and its first pod is not ready yet; Ready
+stays True (Kiln's activator holds the requests until a pod passed its warm-up gate)."""
 REASON_ROLLOUT_STALLED: Final = "RolloutStalled"
 """New pods of the current spec cannot serve (the message says why); pods of the previous spec
 keep serving meanwhile (the message says how many)."""
@@ -220,3 +225,7 @@ REASON_STALLED: Final = "Stalled"
 # --- event reasons ------------------------------------------------------------------------------
 EVENT_READY: Final = "Ready"
 EVENT_NOT_READY: Final = "NotReady"
+EVENT_SCALED_TO_ZERO: Final = "ScaledToZero"
+"""The autoscaler took a service at minReplicas 0 to zero replicas after its idle window."""
+EVENT_WAKING_UP: Final = "WakingUp"
+"""The autoscaler raised a service from zero (held requests, a pre-warm window)."""

@@ -49,6 +49,9 @@ class MetricsObservation:
     """Why pods already asked for cannot be created or scheduled, in Kubernetes' words (the
     Deployment's ReplicaFailure, the scheduler's message); None when every one was placed.
     While set, more replicas would only add more pods that cannot run: no scale-up."""
+    held_requests: int | None = None
+    """Requests Kiln's activator holds for the service now (it is at zero, or waking); None
+    when no activator was read. Prometheus never counts them: no pod has seen them yet."""
     learned: LearnedFit | None = None
     """The learned pre-warm's latest fit of the request-rate history (spec.prewarm.learned
     only); None until the history was read."""

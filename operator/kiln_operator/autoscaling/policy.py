@@ -22,7 +22,10 @@ The policy, in order (docs/autoscaling.md explains it with the PromQL behind eac
 4. Healthy: size for the target utilization (20-30 % headroom) with a +-10 % hysteresis band;
    add replicas if the headroom is gone (only with a measured capacity); remove replicas only
    after both signals have been healthy for the hold window, one bounded step per period.
-5. Pods that cannot be placed (the ReplicaSet cannot create them: a quota, a LimitRange, an
+5. `minReplicas: 0` (zero.py): the floor is 1 until the service was idle (no request counted,
+   none held by the activator) for `scaleToZero.idleSeconds`, then 0 and the service goes to
+   zero at once; at zero, requests the activator holds wake it (sized by the held requests).
+6. Pods that cannot be placed (the ReplicaSet cannot create them: a quota, a LimitRange, an
    admission refusal; or the scheduler finds no node for one): replicas are never raised above
    the current count, whatever the steps above wanted, until they can be placed again; lowering
    them stays allowed.
@@ -44,8 +47,9 @@ from kiln_operator.autoscaling import reasons
 from kiln_operator.autoscaling.inputs import MetricsObservation, ScalingSpec, metrics_problem
 from kiln_operator.autoscaling.learned import learned_status
 from kiln_operator.autoscaling.schedule import Window, governing_window, require_utc, windows_at
-from kiln_operator.autoscaling.sizing import blind_proposal, sighted_proposal
+from kiln_operator.autoscaling.sizing import Proposal, blind_proposal, sighted_proposal
 from kiln_operator.autoscaling.state import ScalerState, WindowState
+from kiln_operator.autoscaling.zero import zero_floor
 
 
 @dataclass(frozen=True)
@@ -111,23 +115,35 @@ def decide(
     if current < 0:
         raise ValueError(f"current replicas must be >= 0, got {current}")
     scaling = spec.autoscaling
-    cold_start = _cold_start(observed, spec.prewarm)
+    cold_start = _cold_start(observed, spec.prewarm, state)
     default_lead = timedelta(seconds=cold_start + spec.prewarm.lead_time_margin_seconds)
     window = governing_window(windows_at(spec.prewarm, now, default_lead, scaling.max_replicas))
-    floor = max(scaling.min_replicas, window.floor if window else 0)
-    floor = min(floor, scaling.max_replicas)
-    floor_reason = (
-        reasons.PREWARM_WINDOW
-        if window is not None and window.floor > scaling.min_replicas
-        else reasons.MIN_REPLICAS
-    )
 
     problem = metrics_problem(observed, scaling, now)
+    at_zero = scaling.min_replicas == 0 and current == 0 and observed.ready_replicas == 0
+    if at_zero and problem is not None and observed.metrics_error is None:
+        # No pod, no series: Prometheus has nothing to count at zero (the activator's held
+        # requests are the demand), so absent metrics are no reason to be blind.
+        problem = None
+    zero = None
+    if scaling.min_replicas == 0:
+        zero = zero_floor(
+            current, observed, scaling, state.idle_since, blind=problem is not None, now=now
+        )
+    base_floor = scaling.min_replicas if zero is None else zero.floor
+    base_reason = reasons.MIN_REPLICAS if zero is None else zero.reason
+    floor = min(max(base_floor, window.floor if window else 0), scaling.max_replicas)
+    floor_reason = (
+        reasons.PREWARM_WINDOW if window is not None and window.floor > base_floor else base_reason
+    )
+
     if problem is not None:
         proposal = blind_proposal(current, spec, state, problem)
         if scaling.when_metrics_missing.policy != "ScheduleFloor":
             # Hold and Fixed ignore pre-warm windows while blind; minReplicas still holds.
-            floor, floor_reason = scaling.min_replicas, reasons.MIN_REPLICAS
+            floor, floor_reason = base_floor, base_reason
+    elif at_zero:
+        proposal = Proposal(0, reasons.IDLE, "0 replicas: no pod to measure", state)
     else:
         proposal = sighted_proposal(current, observed, spec, state, now=now, cold_start=cold_start)
 
@@ -146,12 +162,20 @@ def decide(
             floor, floor_reason = learned.floor_replicas, reasons.PREWARM_LEARNED
 
     desired, reason, message = proposal.replicas, proposal.reason, proposal.message
-    if desired < floor:
+    if zero is not None and zero.asleep and floor == 0 and problem is None:
+        # Idle for the whole window with nothing held: no pod is needed, whatever the pacing.
+        desired, reason = 0, reasons.IDLE
+        message = f"{message}; scaled to zero{zero.note}" if current else f"{message}; at zero"
+    elif desired < floor:
         desired, reason = floor, floor_reason
         note = _window_note(window)
         if floor_reason == reasons.PREWARM_LEARNED and learned is not None:
             note = f" ({learned.message})"
+        elif zero is not None and floor_reason == zero.reason:
+            note = zero.note
         message = f"{message}; raised to the floor {floor}" + note
+    elif zero is not None and zero.note:
+        message = f"{message}{zero.note}"
     if desired > scaling.max_replicas:
         desired, reason = scaling.max_replicas, reasons.MAX_REPLICAS
         message = f"{message}; capped at maxReplicas {scaling.max_replicas}"
@@ -170,7 +194,14 @@ def decide(
             }
         )
     window_state = _track_window(state.window, window, desired, observed.ready_replicas, now)
-    new_state = new_state.model_copy(update={"window": window_state})
+    new_state = new_state.model_copy(
+        update={
+            "window": window_state,
+            "idle_since": None if zero is None else zero.idle_since,
+            "cold_start_seconds": _measured(observed.cold_start_seconds)
+            or state.cold_start_seconds,
+        }
+    )
     return Decision(
         desired_replicas=desired,
         reason=reason,
@@ -182,11 +213,19 @@ def decide(
     )
 
 
-def _cold_start(observed: MetricsObservation, prewarm: PrewarmSpec) -> float:
-    measured = observed.cold_start_seconds
-    if measured is not None and math.isfinite(measured) and measured >= 0:
+def _cold_start(observed: MetricsObservation, prewarm: PrewarmSpec, state: ScalerState) -> float:
+    """The measured cold start; at zero (no pod to measure) the last one measured; else the
+    assumed one."""
+    measured = _measured(observed.cold_start_seconds) or _measured(state.cold_start_seconds)
+    if measured is not None:
         return measured
     return float(prewarm.assumed_cold_start_seconds)
+
+
+def _measured(seconds: float | None) -> float | None:
+    if seconds is not None and math.isfinite(seconds) and seconds > 0:
+        return seconds
+    return None
 
 
 def _track_window(

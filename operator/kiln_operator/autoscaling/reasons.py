@@ -46,6 +46,14 @@ PREWARM_LEARNED: Final = "PrewarmLearned"
 """The learned pre-warm's forecast (spec.prewarm.learned) sets the replica floor: a rise is
 forecast within the lead time, or the forecast traffic needs more than the other floors."""
 
+IDLE: Final = "Idle"
+"""minReplicas 0: no request was counted or held for `scaleToZero.idleSeconds`, so the service
+went to zero (or stays there)."""
+
+WAKE_ON_REQUEST: Final = "WakeOnRequest"
+"""minReplicas 0: the activator holds requests for the service at zero: replicas were raised
+from zero, one per `queueDepthPerReplica` held requests (at least one)."""
+
 MIN_REPLICAS: Final = "MinReplicas"
 """The decision was raised to `minReplicas`."""
 

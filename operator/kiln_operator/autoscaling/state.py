@@ -54,6 +54,11 @@ class ScalerState(BaseModel):
     last_queue_total: float | None = None
     last_observed_at: datetime | None = None
     window: WindowState | None = None
+    idle_since: datetime | None = None
+    """With minReplicas 0: since when no request was counted or held (the idle window's start)."""
+    cold_start_seconds: float | None = None
+    """The last cold start the warm-up gate measured: at zero no pod is left to measure, and a
+    pre-warm window still wakes the service ahead by it."""
 
     def to_annotation(self) -> str:
         """The JSON stored under `STATE_ANNOTATION`."""

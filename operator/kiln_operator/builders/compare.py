@@ -20,6 +20,10 @@ EXACT_MAPS = frozenset({"requests", "limits", "nodeSelector", "matchLabels"})
 """Maps the API server never adds keys to: an extra live key is drift, not a default."""
 
 
+SLICE_FIELDS = ("addressType", "endpoints", "ports")
+"""An EndpointSlice's fields Kiln sets, compared and written whole."""
+
+
 def _empty(value: Any) -> bool:
     return value is None or value in ({}, [])
 
@@ -115,6 +119,8 @@ def needs_update(actual: Manifest, desired: Manifest) -> bool:
         return True
     if not _has_owner(actual_meta, desired_meta):
         return True
+    if desired.get("kind") == "EndpointSlice":  # its content is top-level, not under spec
+        return not all(covers(actual.get(key), desired[key]) for key in SLICE_FIELDS)
     return not covers(actual.get("spec"), desired.get("spec"))
 
 
@@ -141,6 +147,9 @@ def build_update(actual: Manifest, desired: Manifest, *, keep_live_spec: bool) -
     meta["ownerReferences"] = [
         ref for ref in meta.get("ownerReferences") or [] if ref.get("uid") not in ours
     ] + desired_meta.get("ownerReferences", [])
+    if desired.get("kind") == "EndpointSlice":
+        body.update({key: copy.deepcopy(desired[key]) for key in SLICE_FIELDS})
+        return body
     live_spec = body.get("spec") or {}
     if keep_live_spec:
         body["spec"] = {**live_spec, **copy.deepcopy(desired["spec"])}

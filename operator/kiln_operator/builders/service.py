@@ -8,9 +8,11 @@ from kiln_operator import constants
 from kiln_operator.builders.naming import Manifest, Owner, selector_labels
 
 
-def build_service(owner: Owner, scrape_annotations: bool) -> Manifest:
+def build_service(owner: Owner, scrape_annotations: bool, selects_pods: bool = True) -> Manifest:
     """The desired Service. `scrape_annotations`: add the plain prometheus.io annotations (when
-    no Prometheus Operator is installed to read a ServiceMonitor)."""
+    no Prometheus Operator is installed to read a ServiceMonitor). `selects_pods` False: no
+    selector (an empty one, so a selector set earlier is removed): Kiln keeps the endpoints
+    itself (`endpoints.build_endpoint_slice`, a service at minReplicas 0)."""
     metadata = owner.metadata()
     if scrape_annotations:
         metadata["annotations"] = {
@@ -24,7 +26,7 @@ def build_service(owner: Owner, scrape_annotations: bool) -> Manifest:
         "metadata": metadata,
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(owner.name),
+            "selector": selector_labels(owner.name) if selects_pods else {},
             "ports": [
                 {
                     "name": constants.PORT_NAME_HTTP,

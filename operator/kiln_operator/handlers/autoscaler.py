@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 from prometheus_client import Counter, Histogram
 
-from kiln_operator import telemetry
+from kiln_operator import constants, telemetry
 from kiln_operator.handlers.inferenceservice import PROMETHEUS_URL, operator_scheduler
 from kiln_operator.k8s.autoscaler import Autoscaler
 from kiln_operator.k8s.client import RequestFailed
@@ -87,7 +87,9 @@ def shared_autoscaler(memo: Any) -> Autoscaler:
     by every service's passes."""
     slot: dict[str, Autoscaler] = memo.shared_autoscaler
     if SHARED not in slot:
-        slot[SHARED] = Autoscaler(memo.kube, memo.cache, PROMETHEUS_URL, memo.platform)
+        slot[SHARED] = Autoscaler(
+            memo.kube, memo.cache, PROMETHEUS_URL, memo.platform, activators=memo.get("activators")
+        )
     return slot[SHARED]
 
 
@@ -103,6 +105,8 @@ async def autoscaler_cleanup(memo: kopf.Memo, **_: Any) -> None:
     autoscaler = existing_autoscaler(memo)
     if autoscaler is not None:
         autoscaler.close()
+        if autoscaler.activators is not None:
+            await autoscaler.activators.close()
 
 
 async def _evaluate(memo: Any, namespace: str, name: str) -> float:
@@ -144,14 +148,22 @@ async def _evaluate(memo: Any, namespace: str, name: str) -> float:
             message=evaluation.learned_change,
         )
     if body is not None and decision.desired_replicas != evaluation.previous_replicas:
-        up = decision.desired_replicas > evaluation.previous_replicas
         outside = f"{evaluation.changed_outside}; " if evaluation.changed_outside else ""
         await post_event(
             memo.kube,
             body,
             type="Normal",
-            reason=EVENT_SCALED_UP if up else EVENT_SCALED_DOWN,
+            reason=scaling_event(evaluation.previous_replicas, decision.desired_replicas),
             message=f"{evaluation.previous_replicas} -> {decision.desired_replicas}"
             f" ({decision.reason}): {outside}{decision.message}",
         )
     return evaluation.interval_seconds
+
+
+def scaling_event(previous: int, desired: int) -> str:
+    """The event reason of a change of replicas: to and from zero are sleep and wake."""
+    if desired == 0:
+        return constants.EVENT_SCALED_TO_ZERO
+    if previous == 0:
+        return constants.EVENT_WAKING_UP
+    return EVENT_SCALED_UP if desired > previous else EVENT_SCALED_DOWN

@@ -26,6 +26,7 @@ import kopf
 
 from kiln_operator import constants, telemetry
 from kiln_operator.api.validation import DEFAULT_WARMUP_BUDGET_BYTES
+from kiln_operator.k8s.activator import Activators
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import KubeClient, load_configuration
 from kiln_operator.k8s.events import post_event
@@ -63,6 +64,12 @@ WARMUP_BUDGET_BYTES = int(
 """Bytes of warm-up tensor data the operator holds at once, all services together; a spec
 whose single warm-up request needs more is refused (InvalidSpec naming spec.model.inputs)."""
 PROMETHEUS_URL = os.environ.get("KILN_PROMETHEUS_URL") or None
+ACTIVATOR_CONTROL = os.environ.get("KILN_ACTIVATOR_CONTROL") or None
+"""host:port of Kiln's activator pods' control port (the chart's headless Service): services at
+minReplicas 0 send their traffic to the activator while no pod serves, the autoscaler reads the
+requests it holds there, and their ready pods are reported there (docs/scale-to-zero.md).
+Unset: no activator; every Service selects its pods, and a service at zero is woken only by a
+pre-warm window."""
 """The operator's default Prometheus; `spec.autoscaling.prometheusUrl` overrides it where the
 platform's policies allow."""
 ALLOWED_PROMETHEUS_URLS = tuple(
@@ -149,8 +156,13 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
             "%s is on: GPU pods request GPUs but their runtime runs on CPU",
             constants.ENV_IMITATED_GPUS,
         )
+    memo.activators = Activators(ACTIVATOR_CONTROL) if ACTIVATOR_CONTROL else None
     memo.reconciler = Reconciler(
-        memo.reconcile_kube, memo.cache, memo.platform, imitated_gpus=IMITATED_GPUS
+        memo.reconcile_kube,
+        memo.cache,
+        memo.platform,
+        imitated_gpus=IMITATED_GPUS,
+        activators=memo.activators,
     )
 
     async def reconcile(namespace: str, name: str, request: Request) -> None:

@@ -34,13 +34,14 @@ from kiln_operator.autoscaling.quiet import (
     status_needs_write,
 )
 from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState
+from kiln_operator.k8s.activator import Activators
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import KubeClient
 from kiln_operator.k8s.platform import PlatformObjects
 from kiln_operator.k8s.resources import DEPLOYMENTS, INFERENCE_SERVICES, PODS
 from kiln_operator.status.causes import placement_failure
 from kiln_operator.status.conditions import find_condition, set_condition
-from kiln_operator.warmup.podstate import summarize
+from kiln_operator.warmup.podstate import ready_addresses, summarize
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +102,11 @@ class Autoscaler:
         cache: ObjectCache,
         default_prometheus_url: str | None,
         platform: PlatformObjects | None = None,
+        activators: Activators | None = None,
     ) -> None:
         self.kube = kube
+        self.activators = activators
+        """Kiln's activator (KILN_ACTIVATOR_CONTROL), for the services at minReplicas 0."""
         self.cache = cache
         self.default_prometheus_url = default_prometheus_url
         self.platform = (
@@ -148,6 +152,8 @@ class Autoscaler:
             history.forget((namespace, name))
         self._replicas_seen.pop((namespace, name), None)
         self._outside.pop((namespace, name), None)
+        if self.activators is not None:
+            self.activators.forget((namespace, name))
 
     def close(self) -> None:
         for source in self.sources.values():
@@ -204,11 +210,18 @@ class Autoscaler:
             learned = None
             for history in self.histories.values():
                 history.forget((namespace, name))
+        held = None
+        if spec.autoscaling.min_replicas == 0 and self.activators is not None:
+            # the activator holds the requests of a service at zero: it releases them to the
+            # pods past their warm-up gate, and its count is the demand that wakes the service
+            await self.activators.report((namespace, name), *ready_addresses(pods))
+            held = await self.activators.held((namespace, name))
         observed = dataclasses.replace(
             observed,
             cold_start_seconds=cold_start,
             placement_failure=None if placement is None else placement.message,
             learned=learned,
+            held_requests=held,
         )
 
         annotations = body["metadata"].get("annotations") or {}

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 
 from kiln_operator import constants
 from kiln_operator.api.v1alpha1 import InferenceServiceSpec
+from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState
 from kiln_operator.builders import (
     Owner,
     build_deployment,
@@ -33,6 +34,7 @@ from kiln_operator.builders import (
     build_service_monitor,
 )
 from kiln_operator.builders.compare import build_update, needs_update
+from kiln_operator.builders.endpoints import build_endpoint_slice
 from kiln_operator.builders.naming import Manifest, grpc_address, http_url, label_selector_string
 from kiln_operator.builders.pdb import wants_pdb
 from kiln_operator.builders.route import (
@@ -42,12 +44,14 @@ from kiln_operator.builders.route import (
     build_ingress,
 )
 from kiln_operator.constants import MANAGER
+from kiln_operator.k8s.activator import Activators
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, KubeClient, RequestFailed
 from kiln_operator.k8s.platform import PlatformObjects
 from kiln_operator.k8s.resources import (
     CRDS,
     DEPLOYMENTS,
+    ENDPOINT_SLICES,
     GRPC_ROUTES,
     HTTP_ROUTES,
     INFERENCE_SERVICES,
@@ -61,6 +65,7 @@ from kiln_operator.k8s.resources import (
 from kiln_operator.status import Event, compute_status
 from kiln_operator.status.compute import ChildProblem, ReconcileObservation
 from kiln_operator.status.download import model_download_failure
+from kiln_operator.warmup.podstate import ready_addresses
 
 logger = logging.getLogger(__name__)
 
@@ -116,9 +121,13 @@ class Reconciler:
         platform: PlatformObjects | None = None,
         *,
         imitated_gpus: bool = False,
+        activators: Activators | None = None,
     ) -> None:
         self._kube = kube
         self._imitated_gpus = imitated_gpus
+        self._activators = activators
+        """Kiln's activator (KILN_ACTIVATOR_CONTROL): a service at minReplicas 0 sends its
+        traffic to it while no pod serves. None: no activator, every Service selects pods."""
         self._cache = cache
         self._platform = platform if platform is not None else PlatformObjects()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -226,6 +235,7 @@ class Reconciler:
             download_failure=model_download_failure(
                 self._cache.pods_of(owner.namespace, owner.name)
             ),
+            cold_start_seconds=_last_cold_start(body),
         )
         update = compute_status(body.get("status") or {}, observation, datetime.now(UTC))
         if update.patch is not None:
@@ -280,7 +290,9 @@ class Reconciler:
         that wait should not delay the Deployment's pods, nor the other way round."""
 
         async def deployment_and_pdb() -> Manifest | None:
-            initial_replicas = spec.autoscaling.min_replicas
+            # A service at minReplicas 0 starts with one pod: its first rollout is proven and
+            # its cold start measured; the autoscaler takes it to zero after the idle window.
+            initial_replicas = max(1, spec.autoscaling.min_replicas)
             if deployment is None:
                 desired = build_deployment(
                     spec, owner, initial_replicas, imitated_gpus=self._imitated_gpus
@@ -307,8 +319,12 @@ class Reconciler:
                 target = f"CustomResourceDefinition {SERVICE_MONITOR_CRD}"
                 outcome.child_problems.append(_failure(target, error))
                 return
-            service = build_service(owner, scrape_annotations=not with_monitor)
+            through_activator = spec.autoscaling.min_replicas == 0 and self._activators is not None
+            service = build_service(
+                owner, scrape_annotations=not with_monitor, selects_pods=not through_activator
+            )
             await self._ensure(SERVICES, owner, service, outcome, fresh)
+            await self._endpoints(owner, through_activator, outcome, fresh)
             if with_monitor:
                 monitor = build_service_monitor(owner)
                 await self._ensure(SERVICE_MONITORS, owner, monitor, outcome, fresh)
@@ -321,6 +337,26 @@ class Reconciler:
         except ExceptionGroup as failed:
             raise failed.exceptions[0] from None  # as a sequential reconcile would have raised
         return written.result()
+
+    async def _endpoints(
+        self, owner: Owner, through_activator: bool, outcome: Outcome, fresh: bool
+    ) -> None:
+        """A service at minReplicas 0: Kiln's EndpointSlice lists its serving pods, else the
+        activator's (`builders.endpoints`); otherwise one Kiln made earlier is deleted (the
+        EndpointSlice controller keeps the Service's endpoints from its selector again)."""
+        if self._activators is None:
+            return
+        if through_activator:
+            pods = self._cache.pods_of(owner.namespace, owner.name)
+            ips = [address.rsplit(":", 1)[0] for address in await self._activators.addresses()]
+            desired = build_endpoint_slice(owner, pods, ips)
+            await self._ensure(ENDPOINT_SLICES, owner, desired, outcome, fresh)
+            # the held requests go to a pod as soon as one passed its gate (its Deployment's
+            # readyReplicas change queues this reconcile), not at the autoscaler's next pass
+            await self._activators.report((owner.namespace, owner.name), *ready_addresses(pods))
+        else:
+            removal = self._remove(ENDPOINT_SLICES, owner, outcome, fresh)
+            await self._reported(removal, "EndpointSlice", owner, outcome)
 
     async def _apply_routes(
         self, spec: InferenceServiceSpec, owner: Owner, outcome: Outcome, fresh: bool
@@ -525,3 +561,18 @@ def _failure(target: str, error: RequestFailed) -> ChildProblem:
         constants.REASON_CHILD_APPLY_FAILED,
         f"could not {verb} {target}{how}: {error.answer}; retrying with backoff",
     )
+
+
+def _last_cold_start(body: Manifest) -> float | None:
+    """The last cold start measured: the autoscaler remembers it through the time at zero (no
+    pod left to measure); else the warm-up gate's status."""
+    annotations = body["metadata"].get("annotations") or {}
+    try:
+        remembered = ScalerState.from_annotation(annotations.get(STATE_ANNOTATION))
+    except InvalidScalerState:
+        remembered = ScalerState()  # the autoscaler reports it; the message can do without
+    if remembered.cold_start_seconds is not None:
+        return remembered.cold_start_seconds
+    warmup = (body.get("status") or {}).get("warmup") or {}
+    measured = warmup.get("coldStartP90Seconds")
+    return float(measured) if isinstance(measured, int | float) else None

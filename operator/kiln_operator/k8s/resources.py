@@ -41,6 +41,7 @@ SERVICE_MONITORS = Resource(
 HTTP_ROUTES = Resource(route.GATEWAY_GROUP, route.GATEWAY_VERSION, route.HTTP_ROUTE_PLURAL)
 GRPC_ROUTES = Resource(route.GATEWAY_GROUP, route.GATEWAY_VERSION, route.GRPC_ROUTE_PLURAL)
 INGRESSES = Resource("networking.k8s.io", "v1", "ingresses")
+ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices")
 INFERENCE_SERVICES = Resource(constants.GROUP, constants.VERSION, constants.PLURAL)
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False)
 SERVICE_MONITOR_CRD = (

@@ -155,6 +155,7 @@ def _policy_violations(spec: InferenceServiceSpec, policy: Policy) -> list[str]:
             f"{label}: spec.autoscaling.maxReplicas {ceiling} exceeds maxReplicas "
             f"{limits.max_replicas}"
         )
+    problems += _zero_violations(spec, policy)
     image = spec.runtime.image
     if limits.allowed_images is not None and not any(
         image_allowed(image, prefix) for prefix in limits.allowed_images
@@ -206,6 +207,25 @@ def _policy_violations(spec: InferenceServiceSpec, policy: Policy) -> list[str]:
             f"allowedTracingEndpoints {limits.allowed_tracing_endpoints}"
         )
     return problems + _pod_violations(spec, policy)
+
+
+def _zero_violations(spec: InferenceServiceSpec, policy: Policy) -> list[str]:
+    """The scale-to-zero rules: zero allowed at all, and the shortest idle window."""
+    limits, label, scaling = policy.spec, policy.label, spec.autoscaling
+    if scaling.min_replicas != 0:
+        return []
+    if limits.allow_scale_to_zero is False:
+        return [
+            f"{label}: spec.autoscaling.minReplicas 0 (scale to zero) is forbidden by "
+            "allowScaleToZero false: set minReplicas to 1 or more"
+        ]
+    idle, shortest = scaling.scale_to_zero.idle_seconds, limits.min_scale_to_zero_idle_seconds
+    if shortest is not None and idle < shortest:
+        return [
+            f"{label}: spec.autoscaling.scaleToZero.idleSeconds {idle} is shorter than "
+            f"minScaleToZeroIdleSeconds {shortest}"
+        ]
+    return []
 
 
 DEFAULT_SERVICE_ACCOUNT = "default"

@@ -31,7 +31,15 @@ from kiln_operator.simulator.learned import (
 )
 from kiln_operator.simulator.model import ClusterModel, ServiceModel
 from kiln_operator.simulator.report import render, sweep_points, write_plots, write_report
-from kiln_operator.simulator.traffic import Scenario, standard_scenarios
+from kiln_operator.simulator.traffic import SPARSE_DAY, Scenario, standard_scenarios
+from kiln_operator.simulator.zero import (
+    HOLD_SECONDS,
+    IDLE_SECONDS,
+    ZeroRow,
+    render_zero,
+    run_zero_case,
+    with_zero_section,
+)
 
 SWEPT_SCENARIO = "peak-on-time"
 
@@ -53,6 +61,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     learned.add_argument("--seeds", type=int, default=10, help="seeds per day (default 10)")
     learned.add_argument("--processes", type=int, default=2)
     learned.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    zero = commands.add_parser(
+        "bench-zero",
+        help="scale to zero against always-on on a sparse day and the busy days; writes its "
+        "section of scale-to-zero.md",
+    )
+    zero.add_argument("--seeds", type=int, default=5, help="seeds per day (default 5)")
+    zero.add_argument("--processes", type=int, default=2)
+    zero.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     single = commands.add_parser("run", help="one policy on one scenario and seed")
     single.add_argument("--scenario", default=SWEPT_SCENARIO)
     single.add_argument("--policy", default="kiln", choices=POLICIES)
@@ -64,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_one(args.scenario, args.policy, args.knob, args.seed, args.hours)
     if args.command == "bench-learned":
         return _bench_learned(args.seeds, args.processes, args.out)
+    if args.command == "bench-zero":
+        return _bench_zero(args.seeds, args.processes, args.out)
     return _bench(
         args.seeds, args.sweep_seeds, args.processes, args.scenarios, args.hours, args.out
     )
@@ -171,6 +189,39 @@ def _bench(  # noqa: PLR0917 (one per command-line option)
     )
     path = write_report(document, out)
     print(f"wrote {path} and {len(plots)} plot(s) in {elapsed:.0f} s", file=sys.stderr)
+    return 0
+
+
+def _run_zero(case: tuple[Scenario, int, int]) -> list[ZeroRow]:
+    return run_zero_case(*case)
+
+
+def _bench_zero(seeds: int, processes: int, out: Path) -> int:
+    if seeds < 1 or processes < 1:
+        raise SystemExit("--seeds and --processes must be >= 1")
+    days = [SPARSE_DAY, *standard_scenarios()]
+    cases = [(day, index, seed) for index, day in enumerate(days) for seed in range(seeds)]
+    started = time.monotonic()
+    rows: list[ZeroRow] = []
+    with Pool(processes) as pool:
+        for finished, case_rows in enumerate(pool.imap_unordered(_run_zero, cases), 1):
+            rows.extend(case_rows)
+            print(f"[{finished}/{len(cases)}] {time.monotonic() - started:.0f} s", file=sys.stderr)
+    order = {day.name: index for index, day in enumerate(days)}
+    rows.sort(key=lambda row: (order[row.scenario], row.seed, row.policy))
+    elapsed = time.monotonic() - started
+    facts = (
+        f"Simulated with `python -m kiln_operator.simulator bench-zero --seeds {seeds}`: "
+        f"{len(days)} days x {seeds} seeds, means over the seeds ({elapsed:.0f} s wall time on "
+        f"{processes} process(es)); cold start {ClusterModel().cold_start_seconds:.0f} s, "
+        f"idleSeconds {IDLE_SECONDS}, hold deadline {HOLD_SECONDS:.0f} s, SLO p99 "
+        f"{ServiceModel().slo_p99_seconds:.0f} s."
+    )
+    section = "## Simulated days\n\n" + facts + "\n\n" + render_zero(rows)
+    path = out / "scale-to-zero.md"
+    page = path.read_text(encoding="utf-8") if path.exists() else "# Scale to zero\n"
+    path.write_text(with_zero_section(page, section), encoding="utf-8")
+    print(f"wrote the simulated section of {path} in {elapsed:.0f} s", file=sys.stderr)
     return 0
 
 

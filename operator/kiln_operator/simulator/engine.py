@@ -39,6 +39,8 @@ class Snapshot:
     prometheus: PrometheusView
     concurrency: Sequence[float]
     """Per-second in-system requests (queued + in flight), as Knative's queue-proxy reports."""
+    waiting: int = 0
+    """Requests arrived and not yet in a batch: with no ready pod, those Kiln's activator holds."""
 
 
 class Policy(Protocol):
@@ -158,6 +160,7 @@ class Simulation:
                     ready=self._ready_at(now),
                     prometheus=self.view,
                     concurrency=self.concurrency,
+                    waiting=bisect.bisect_right(self.arrival_list, now, self.head) - self.head,
                 )
                 wanted = min(self.cluster.max_replicas, policy.desired(snapshot))
                 wanted = max(self.cluster.min_replicas, wanted)

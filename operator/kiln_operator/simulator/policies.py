@@ -19,6 +19,7 @@ from kiln_operator.api.v1alpha1.autoscaling import (
     AutoscalingSpec,
     LearnedPrewarmSpec,
     PrewarmSpec,
+    ScaleToZeroSpec,
     SloSpec,
 )
 from kiln_operator.autoscaling.inputs import MetricsObservation, ScalingSpec
@@ -72,11 +73,13 @@ class KilnPolicy:
         target_utilization_percent: int = 75,
         learned: LearnedPrewarmSpec | None = None,
         history: Callable[[float], LearnedFit | None] | None = None,
+        idle_seconds: int = 900,
     ) -> None:
         autoscaling = AutoscalingSpec(
             min_replicas=min_replicas,
             max_replicas=max_replicas,
             target_utilization_percent=target_utilization_percent,
+            scale_to_zero=ScaleToZeroSpec(idle_seconds=idle_seconds),
         )
         prewarm = PrewarmSpec.model_validate(
             {
@@ -119,6 +122,7 @@ class KilnPolicy:
                 cold_start_seconds=self.cold_start_seconds,
                 batches=view.batch_window(now, self.window),
                 learned=learned,
+                held_requests=self._held(snapshot),
             )
         except PrometheusDown as error:
             observation = MetricsObservation(
@@ -126,11 +130,19 @@ class KilnPolicy:
                 metrics_error=str(error),
                 cold_start_seconds=self.cold_start_seconds,
                 learned=learned,
+                held_requests=self._held(snapshot),
             )
         decision = decide(snapshot.current, observation, self.spec, self.state, _at(now))
         self.state = decision.state
         self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
         return decision.desired_replicas
+
+    def _held(self, snapshot: Snapshot) -> int | None:
+        """What the activator reports: at minReplicas 0, the requests waiting while no pod is
+        ready (the activator holds them); None (no activator) otherwise."""
+        if self.spec.autoscaling.min_replicas > 0:
+            return None
+        return snapshot.waiting if snapshot.ready == 0 else 0
 
 
 @dataclass

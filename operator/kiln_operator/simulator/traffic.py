@@ -50,6 +50,11 @@ class Scenario:
     outage: tuple[float, float] | None = None
     """Prometheus is down between these hours of the day."""
     load_failure_probability: float = 0.0
+    sessions: tuple[float, ...] = ()
+    """Hours at which a short session of traffic starts (a sparse day: set `mean_rate` 0)."""
+    session_minutes: float = 5.0
+    session_rate: float = 0.5
+    """Requests per second during a session."""
 
     def rate_curve(self, rng: np.random.Generator) -> NDArray[np.float64]:
         """Requests per second for each second of the scenario (the true intensity)."""
@@ -71,6 +76,9 @@ class Scenario:
             onset = rng.uniform(self.spike.earliest_hour, self.spike.latest_hour) * 3600
             inside = (seconds >= onset) & (seconds < onset + self.spike.minutes * 60)
             rate = np.where(inside, rate * self.spike.factor, rate)
+        for hour in self.sessions:
+            inside = (seconds >= hour * 3600) & (seconds < hour * 3600 + self.session_minutes * 60)
+            rate = np.where(inside, rate + self.session_rate, rate)
         return rate
 
     def outage_seconds(self) -> tuple[float, float] | None:
@@ -87,6 +95,15 @@ def poisson_arrivals(rate: NDArray[np.float64], rng: np.random.Generator) -> NDA
     arrivals = starts + rng.random(starts.size)
     arrivals.sort()
     return arrivals
+
+
+SPARSE_DAY = Scenario(
+    "sparse",
+    "Sparse: six 5-minute sessions of 0.5 req/s, nothing in between",
+    mean_rate=0.0,
+    sessions=(3.5, 8.25, 11.0, 14.5, 17.75, 21.0),
+)
+"""A model used a few times a day: the day scale to zero is for."""
 
 
 def standard_scenarios(mean_rate: float = 6.0) -> list[Scenario]:

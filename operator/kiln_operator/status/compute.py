@@ -108,6 +108,9 @@ class ReconcileObservation:
     """Why the spec cannot run: InvalidSpec, PolicyViolation, ProfileNotFound, ProfileInvalid."""
     profiles: tuple[dict[str, Any], ...] = ()
     """status.profiles: the profiles the spec was resolved against."""
+    cold_start_seconds: float | None = None
+    """The last cold start the warm-up gate measured (status.warmup), for Ready's message at
+    zero; None when unknown."""
 
 
 def _conditions(
@@ -212,7 +215,9 @@ def _conditions(
         placement = placement_failure(observation.deployment, list(observation.pods))
         conditions = put(conditions, constants.CONDITION_REPLICAS_FEASIBLE, *_feasible(placement))
         judged = find_condition(previous, constants.CONDITION_READY)
-        if state.desired == 0:
+        if state.desired == 0 and observation.min_replicas == 0:
+            ready = (True, constants.REASON_SCALED_TO_ZERO, _asleep(observation))
+        elif state.desired == 0:
             ready = (False, constants.REASON_SCALED_TO_ZERO, "the Deployment has 0 replicas")
         elif state.deadline_exceeded:
             ready = (
@@ -247,6 +252,14 @@ def _conditions(
                     constants.REASON_ROLLOUT_IN_PROGRESS,
                     _with_cause(state.detail, cause),
                 )
+        elif (
+            (state.available == 0 or state.ready == 0)
+            and observation.min_replicas == 0
+            and (cause is None or not cause.failure)
+        ):
+            # Woken from zero: the activator holds the requests until the first pod passes its
+            # warm-up gate, so the service answers (late) meanwhile: Ready stays True.
+            ready = (True, constants.REASON_WAKING, _with_cause(f"waking: {state.detail}", cause))
         elif state.available == 0 or state.ready == 0:
             if cause is not None:
                 ready = (False, cause.reason, _with_cause(state.detail, cause))
@@ -299,6 +312,16 @@ def _kstatus(
     if ready_status and floor is not None and not floor[0]:
         return not_stalled, (True, floor[1], floor[2])
     return not_stalled, (False, constants.REASON_CONVERGED, "")
+
+
+def _asleep(observation: ReconcileObservation) -> str:
+    """Ready's message at zero: what the first request costs."""
+    cold = observation.cold_start_seconds
+    lead = "" if cold is None else f", cold start about {cold:.0f} s"
+    return (
+        "0 replicas (minReplicas 0, idle); the first request wakes one and waits for it "
+        f"to pass its warm-up gate{lead}"
+    )
 
 
 def _with_cause(detail: str, cause: Cause | None) -> str:

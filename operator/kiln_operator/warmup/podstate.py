@@ -34,6 +34,32 @@ def is_gated(pod: Pod) -> bool:
     return any(g.get("conditionType") == constants.CONDITION_WARMED_UP for g in gates)
 
 
+def serving_pods(pods: list[Pod]) -> list[Pod]:
+    """Pods that may take traffic, in name order: Ready (for a gated pod, also past its warm-up
+    gate: a Ready reported before the gate's verdict does not count), with an address, and not
+    being deleted. Where Kiln's activator releases held requests, and what a service at
+    minReplicas 0 lists as its endpoints."""
+
+    def serves(pod: Pod) -> bool:
+        ready = (_condition(pod, "Ready") or {}).get("status") == "True"
+        warm = not is_gated(pod) or (gate_condition(pod) or {}).get("status") == "True"
+        address = (pod.get("status") or {}).get("podIP")
+        deleting = (pod.get("metadata") or {}).get("deletionTimestamp")
+        return ready and warm and bool(address) and not deleting
+
+    return sorted((pod for pod in pods if serves(pod)), key=lambda pod: pod["metadata"]["name"])
+
+
+def ready_addresses(pods: list[Pod]) -> tuple[list[str], list[str]]:
+    """`ip:port` of the HTTP and gRPC ports of every serving pod (`serving_pods`)."""
+    ips = sorted(str(pod["status"]["podIP"]) for pod in serving_pods(pods))
+    hosts = [f"[{ip}]" if ":" in ip else ip for ip in ips]
+    return (
+        [f"{host}:{constants.HTTP_PORT}" for host in hosts],
+        [f"{host}:{constants.GRPC_PORT}" for host in hosts],
+    )
+
+
 def needs_warmup(pod: Pod) -> bool:
     """A gated, running pod whose container is ready and whose gate is not yet decided.
 

@@ -28,7 +28,7 @@ from kiln_runtime.config import Http2Limits
 from kiln_runtime.protocol import hpack
 from kiln_runtime.protocol.http2.budgets import HealthReserve, MemoryBudget
 from kiln_runtime.protocol.http2.connection import Http2Connection
-from kiln_runtime.protocol.http2.messages import Request, Response
+from kiln_runtime.protocol.http2.messages import Handler, Request, Response
 from kiln_runtime.protocol.http2.state import ConnectionState
 from kiln_runtime.protocol.listening import listening_port
 from kiln_runtime.protocol.tracecontext import TRACEPARENT, traceparent_of
@@ -330,8 +330,12 @@ class GrpcServer:
         max_connection_age: float = 0.0,
         max_age_grace: float = 10.0,
         limits: Http2Limits | None = None,
+        handler: Handler | None = None,
     ) -> None:
+        """``handler``, if given, answers every request in place of the service's methods
+        (Kiln's activator passes each call on whole): nothing is answered early or streamed."""
         self._service = service
+        self._handler = handler
         self._limits = limits or Http2Limits()
         self.budget = MemoryBudget(self._limits.process_buffer_bytes)
         self.health: HealthReserve[ConnectionState] = HealthReserve(frozenset({HEALTH_CHECK_PATH}))
@@ -342,13 +346,15 @@ class GrpcServer:
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
-        service = self._service
+        service, handler = self._service, self._handler
+        whole = handler is not None
         self._server = await loop.create_server(
             lambda: Http2Connection(
-                service.handle, service.max_message, self._connections,
-                self._max_connection_age, self._max_age_grace,
-                limits=self._limits, budget=self.budget, answers_early=service.answers_early,
-                streaming=service.streaming, health=self.health,
+                service.handle if handler is None else handler, service.max_message,
+                self._connections, self._max_connection_age, self._max_age_grace,
+                limits=self._limits, budget=self.budget,
+                answers_early=None if whole else service.answers_early,
+                streaming=None if whole else service.streaming, health=self.health,
             ),
             host, port, backlog=1024,
         )  # fmt: skip

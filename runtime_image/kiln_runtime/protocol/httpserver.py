@@ -16,14 +16,14 @@ import asyncio
 import collections
 import logging
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Protocol, cast
 
 import httptools
 
 from kiln_runtime.config import HttpLimits
 from kiln_runtime.protocol.http2.budgets import HealthReserve
 from kiln_runtime.protocol.listening import listening_port
-from kiln_runtime.protocol.rest import HttpResponse, RestAdapter, json_response
+from kiln_runtime.protocol.rest import HttpResponse, json_response
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,22 @@ _REFUSED = (
 )
 
 
+class HttpHandler(Protocol):
+    """What the connections hand requests to: the runtime's ``RestAdapter``, or Kiln's
+    activator (``kiln_runtime.activator``), which holds requests for a service at zero."""
+
+    max_body: int
+    http_limits: HttpLimits
+
+    async def handle(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> HttpResponse: ...
+
+    def refused(self, code: str) -> None:
+        """An infer request refused by the transport (``kiln_requests_total``'s ``code``)."""
+        ...
+
+
 class BufferBudget:
     """Bytes of buffered requests and responses held by every connection of one process."""
 
@@ -70,7 +86,7 @@ class BufferBudget:
 class _Shared:
     """What the connections of one listener share."""
 
-    adapter: RestAdapter
+    adapter: HttpHandler
     limits: HttpLimits
     budget: BufferBudget
     connections: set[HttpConnection] = field(default_factory=set)
@@ -323,7 +339,7 @@ class HttpConnection(asyncio.Protocol):
         if self._refusing:
             return
         if infer_target(self._current.url):
-            self._adapter.dataplane.refused("http", _REFUSAL_CODES[status])
+            self._adapter.refused(_REFUSAL_CODES[status])
         self._refusing = True
         self._cancel_timer()
         self._write(json_response(status, {"error": message}), keep_alive=False)
@@ -431,8 +447,8 @@ def infer_target(url: bytes) -> bool:
 class HttpServer:
     """Owns the listening socket, the open connections and their shared buffer budget."""
 
-    def __init__(self, adapter: RestAdapter, limits: HttpLimits | None = None) -> None:
-        limits = limits or adapter.dataplane.config.http
+    def __init__(self, adapter: HttpHandler, limits: HttpLimits | None = None) -> None:
+        limits = limits or adapter.http_limits
         self._shared = _Shared(adapter, limits, BufferBudget(limits.process_buffer_bytes))
         self._server: asyncio.Server | None = None
 

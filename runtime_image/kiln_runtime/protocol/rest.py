@@ -84,8 +84,13 @@ class RestAdapter:
         self.dataplane = dataplane
         self.max_body = dataplane.config.max_request_bytes()
         limits = dataplane.config.http
+        self.http_limits = limits
         self.max_decompressed = limits.decompressed_limit(self.max_body)
         self.off_loop_bytes = limits.off_loop_decode_bytes
+
+    def refused(self, code: str) -> None:
+        """An infer request the HTTP transport refused before it reached here."""
+        self.dataplane.refused("http", code)
 
     async def handle(
         self, method: str, path: str, headers: dict[str, str], body: bytes

@@ -68,7 +68,7 @@ def test_the_cases_cover_each_health_and_every_testdata_file() -> None:
             "rollout-stalled",
             "rollout-stalled-new-pods",
         },
-        "Healthy": {"healthy", "healthy-while-scaling-up"},
+        "Healthy": {"healthy", "healthy-while-scaling-up", "scaled-to-zero"},
     }
     referenced = {case["inputPath"] for case in cases()}
     assert referenced == {f"testdata/{p.name}" for p in (CHECK / "testdata").iterdir()}

@@ -278,3 +278,39 @@ def test_the_prometheus_rule_holds_the_plain_rules_file(helm: list[str]) -> None
     assert rule["metadata"]["labels"]["release"] == "prometheus"
     rules_file = REPO / "manifests/charts/kiln/files/kiln-alerts.rules.yaml"
     assert rule["spec"] == yaml.safe_load(rules_file.read_text())
+
+
+def test_the_activator_ships_restricted_with_its_control_port_for_the_operator_only(
+    helm: list[str],
+) -> None:
+    objects = keyed(documents(template(helm, "--set", "activator.enabled=true").stdout))
+    activator = objects[("Deployment", "kiln-activator")]
+    spec = activator["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert activator["spec"]["replicas"] == 2
+    assert container["command"] == ["python", "-m", "kiln_runtime.activator"]
+    assert "--max-held-requests=1000" in container["args"]
+    assert "--hold-timeout-seconds=120" in container["args"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert spec["automountServiceAccountToken"] is False
+    control = objects[("Service", "kiln-activator-control")]
+    assert control["spec"]["clusterIP"] == "None"
+    policy = objects[("NetworkPolicy", "kiln-activator")]
+    guarded = [rule for rule in policy["spec"]["ingress"] if "from" in rule]
+    assert guarded == [
+        {
+            "from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "kiln-operator"}}}],
+            "ports": [{"port": "control"}],
+        }
+    ]
+    operator_pods = objects[("Deployment", "kiln-operator")]["spec"]["template"]["spec"]
+    (operator,) = operator_pods["containers"]
+    env = {item["name"]: item.get("value") for item in operator["env"]}
+    assert env["KILN_ACTIVATOR_CONTROL"] == "kiln-activator-control.kiln-system.svc:9090"
+    # off by default: nothing of it, and the operator is not told of one
+    default = keyed(documents(template(helm).stdout))
+    assert ("Deployment", "kiln-activator") not in default
+    refused = template(helm, "--set", "activator.hold.maxRequests=0", check=False)
+    assert refused.returncode != 0 and "maxRequests" in refused.stderr

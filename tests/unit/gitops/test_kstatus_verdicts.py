@@ -111,6 +111,9 @@ STATUSES = {
     ),
     "warmup-failed": written(observe(deployment(available=0), pod("a", WARMUP_FAILED))),
     "deadline-exceeded": written(observe(DEADLINE)),
+    "at-zero": written(
+        replace(observe(deployment(desired=0, replicas=0, updated=0, available=0)), min_replicas=0)
+    ),
 }
 
 
@@ -137,6 +140,7 @@ def test_each_state_gets_the_conformant_verdict_from_the_kstatus_library(
         "rollout-stalled": stalled("rollout-stalled"),
         "warmup-failed": stalled("warmup-failed"),
         "deadline-exceeded": stalled("deadline-exceeded"),
+        "at-zero": ("Current", "Resource is Ready"),
     }
     assert got["rollout-stalled"][1].startswith("the rollout is stalled: pod n cannot be")
     assert got["warmup-failed"][1].endswith("exceeds the bound 50 ms after 200 requests")

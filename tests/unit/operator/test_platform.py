@@ -195,6 +195,17 @@ def test_a_profile_value_that_breaks_a_cross_field_check_names_the_field_and_pro
             "allowedTracingEndpoints ['http://otel.observability:4318/v1/traces']",
         ),
         (
+            {"allowScaleToZero": False},
+            {"autoscaling": {"minReplicas": 0}},
+            "spec.autoscaling.minReplicas 0 (scale to zero) is forbidden by allowScaleToZero false",
+        ),
+        (
+            {"minScaleToZeroIdleSeconds": 1800},
+            {"autoscaling": {"minReplicas": 0, "scaleToZero": {"idleSeconds": 600}}},
+            "spec.autoscaling.scaleToZero.idleSeconds 600 is shorter than "
+            "minScaleToZeroIdleSeconds 1800",
+        ),
+        (
             {"allowedPrometheusUrls": ["http://prometheus.monitoring:9090"]},
             {"autoscaling": {"prometheusUrl": "http://prometheus.monitoring:9091"}},
             "'http://prometheus.monitoring:9091' is not an endpoint the platform allows",
@@ -392,3 +403,31 @@ def test_the_platform_samples_resolve_the_five_line_service_within_the_limits() 
     assert (spec.runtime.batching.max_batch_size, spec.slo.p99_latency_milliseconds) == (8, 40)
     assert spec.autoscaling.max_replicas == 8 and spec.resources.gpu_count == 1
     assert list(loaded["service"]["spec"]) == ["model"]
+
+
+def test_scale_to_zero_within_the_policy_runs_with_the_profiles_idle_window() -> None:
+    defaults = PLATFORM["spec"]["defaults"]
+    zero_profile = profile(
+        "sparse",
+        {**defaults, "autoscaling": {"minReplicas": 0, "scaleToZero": {"idleSeconds": 3600}}},
+        default=True,
+    )
+    limits = policy("zero", allowScaleToZero=True, minScaleToZeroIdleSeconds=1800)
+    state = PlatformState(cluster_profiles=[zero_profile], cluster_policies=[limits])
+    served = spec_of(state, {"model": MODEL})
+    assert served.autoscaling.min_replicas == 0
+    assert served.autoscaling.scale_to_zero.idle_seconds == 3600
+    # A namespace's policy narrows: a longer shortest window refuses the profile's.
+    narrow = policy("team", minScaleToZeroIdleSeconds=7200)
+    state = PlatformState(
+        cluster_profiles=[zero_profile], cluster_policies=[limits], namespace_policies=[narrow]
+    )
+    result = effective_spec("mlp", {"model": MODEL}, state)
+    assert result.reason == constants.REASON_POLICY_VIOLATION
+    assert "InferencePolicy team: spec.autoscaling.scaleToZero.idleSeconds 3600" in (
+        result.message or ""
+    )
+    # minReplicas 1 keeps a replica: the zero rules do not apply to it.
+    forbid = policy("nozero", allowScaleToZero=False)
+    state = PlatformState(cluster_profiles=[zero_profile], cluster_policies=[forbid])
+    assert spec_of(state, {"model": MODEL, "autoscaling": {"minReplicas": 1}})

@@ -283,3 +283,41 @@ def test_a_child_problem_reported_twice_is_said_once_and_clears_with_the_next_su
     )
     cleared = condition(compute_status(status, observe(serving), T0).applied, "Ready")
     assert (cleared["status"], cleared["reason"]) == ("True", constants.REASON_AVAILABLE)
+
+
+UNSCHEDULABLE = {
+    "type": "PodScheduled",
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
+}
+
+
+def test_at_minreplicas_zero_ready_stays_true_asleep_and_while_waking() -> None:
+    asleep = deployment(replicas=0, updated=0, ready=0, available=0)
+    observed = replace(observe(asleep), min_replicas=0, cold_start_seconds=8.2)
+    update = compute_status({}, observed, T0)
+    assert update.patch is not None
+    ready = condition(update.patch, constants.CONDITION_READY)
+    assert (ready["status"], ready["reason"]) == ("True", constants.REASON_SCALED_TO_ZERO)
+    assert ready["message"] == (
+        "0 replicas (minReplicas 0, idle); the first request wakes one and waits for it to pass "
+        "its warm-up gate, cold start about 8 s"
+    )
+    floor = condition(update.patch, constants.CONDITION_REPLICA_FLOOR_MET)
+    assert floor["status"] == "True"
+    # woken: one pod asked for, not ready yet; the activator holds the requests meanwhile
+    waking = replace(observed, deployment=deployment(replicas=1, updated=1, ready=0, available=0))
+    woken = compute_status(update.applied, waking, T0 + timedelta(minutes=1))
+    ready = next(c for c in woken.applied["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", constants.REASON_WAKING)
+    assert ready["message"].startswith("waking: 0 of 1 updated pods are available")
+    assert not [e for e in woken.events if e.reason == constants.EVENT_NOT_READY]
+    # a pod that cannot start is no wake: Ready turns False with its cause
+    stuck = replace(
+        waking,
+        pods=(kube_objects.pod("p", UNSCHEDULABLE),),
+    )
+    failed = compute_status(woken.applied, stuck, T0 + timedelta(minutes=2))
+    ready = next(c for c in failed.applied["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", constants.REASON_UNSCHEDULABLE)

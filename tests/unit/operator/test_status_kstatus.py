@@ -25,6 +25,12 @@ UNSCHEDULABLE = {
     "reason": "Unschedulable",
     "message": "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector.",
 }
+WARMING = {
+    "type": constants.CONDITION_WARMED_UP,
+    "status": "False",
+    "reason": "WarmingUp",
+    "message": "sent 12 of 200 warm-up requests",
+}
 WARMUP_FAILED = {
     "type": constants.CONDITION_WARMED_UP,
     "status": "False",
@@ -170,8 +176,15 @@ def test_reconciling_says_what_the_operator_waits_for_and_nothing_is_stalled(cas
         observe(deployment(), *SERVING),
         # an autoscaler scale-up above the floor: the older pods serve, a scale is not a rollout
         observe(deployment(desired=3, replicas=3, updated=3, available=2), *SERVING),
+        # minReplicas 0: asleep, and woken with the first pod still warming (held requests)
+        observe(deployment(desired=0, replicas=0, updated=0, available=0), min_replicas=0),
+        observe(
+            deployment(desired=1, replicas=1, updated=1, available=0),
+            pod("w", WARMING),
+            min_replicas=0,
+        ),
     ],
-    ids=["ready", "scaling up above the floor"],
+    ids=["ready", "scaling up above the floor", "at zero", "waking from zero"],
 )
 def test_converged_is_neither_reconciling_nor_stalled(observation: ReconcileObservation) -> None:
     conditions = kstatus_conditions(observation)

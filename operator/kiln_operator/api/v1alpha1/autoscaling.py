@@ -27,6 +27,7 @@ __all__ = [
     "LearnedPrewarmSpec",
     "LearnedStatus",
     "PrewarmSpec",
+    "ScaleToZeroSpec",
     "SloSpec",
 ]
 
@@ -102,11 +103,22 @@ class MetricsMissingSpec(ApiModel):
         return self
 
 
+class ScaleToZeroSpec(ApiModel):
+    """When a service with `minReplicas: 0` goes to zero replicas (docs/scale-to-zero.md)."""
+
+    idle_seconds: Annotated[int, Field(ge=30, le=604_800)] = 900
+    """How long the service must have answered no request, and Kiln's activator held none for
+    it, before its last replica is removed. Read only with `minReplicas: 0`; a platform's
+    policy may set the shortest allowed (`minScaleToZeroIdleSeconds`)."""
+
+
 class AutoscalingSpec(ApiModel):
     """Replica bounds and the targets the autoscaler holds the service to."""
 
-    min_replicas: Annotated[int, Field(ge=1, le=10_000)] = 1
-    """The fewest replicas the service ever runs."""
+    min_replicas: Annotated[int, Field(ge=0, le=10_000)] = 1
+    """The fewest replicas the service ever runs. 0 lets it scale to zero after
+    `scaleToZero.idleSeconds` without a request: Kiln's activator then holds the first
+    requests until a pod has passed its warm-up gate (a platform's policy may forbid it)."""
 
     max_replicas: Annotated[int, Field(ge=1, le=10_000)] = 10
     """The most replicas the service ever runs (pre-warm floors must not exceed it)."""
@@ -141,6 +153,9 @@ class AutoscalingSpec(ApiModel):
 
     metrics_window_seconds: Annotated[int, Field(ge=15, le=3600)] = 60
     """The range of the PromQL `rate()` and `histogram_quantile()` windows."""
+
+    scale_to_zero: ScaleToZeroSpec = ScaleToZeroSpec()
+    """With `minReplicas: 0`: how long the service must be idle before it goes to zero."""
 
     @field_validator("prometheus_url")
     @classmethod

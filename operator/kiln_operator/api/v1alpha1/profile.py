@@ -111,6 +111,12 @@ class InferencePolicySpec(ApiModel):
     """The most GPUs one service may hold at its ceiling: gpuCount x autoscaling.maxReplicas."""
     max_replicas: Annotated[int | None, Field(ge=1, le=10_000)] = None
     """The most spec.autoscaling.maxReplicas may be."""
+    allow_scale_to_zero: bool | None = None
+    """False forbids spec.autoscaling.minReplicas 0: every service keeps a replica (and its
+    GPUs) while idle, and no request ever waits for a cold start."""
+    min_scale_to_zero_idle_seconds: Annotated[int | None, Field(ge=30, le=604_800)] = None
+    """The shortest spec.autoscaling.scaleToZero.idleSeconds a service at `minReplicas: 0` may
+    set: a floor on how often a rarely used model is stopped and started again."""
     allowed_images: Annotated[
         list[Annotated[str, Field(min_length=1, max_length=512)]] | None, Field(max_length=64)
     ] = None

@@ -10,7 +10,10 @@
 --   Progressing the operator has not yet judged the current generation, a rollout is under way,
 --               or fewer pods are warm and ready than the floor (minReplicas, or an open
 --               pre-warm window's floor).
---   Healthy     Ready is True for the current generation and the floor's pods are ready.
+--   Healthy     Ready is True for the current generation and the floor's pods are ready;
+--               a service at minReplicas 0 is Healthy asleep (ScaledToZero) and while it wakes
+--               (Waking: Kiln's activator holds its requests), unless a pre-warm window's
+--               floor is not warm yet.
 -- Written for Argo CD's default sandbox (no string library), so it runs as an argocd-cm override.
 local hs = {}
 
@@ -96,6 +99,10 @@ local floor = 1
 local floorCause = "minReplicas"
 if obj.spec ~= nil and obj.spec.autoscaling ~= nil and obj.spec.autoscaling.minReplicas ~= nil then
   floor = obj.spec.autoscaling.minReplicas
+end
+if ready.reason == "ScaledToZero" or ready.reason == "Waking" then
+  -- minReplicas 0 (in the spec or from a profile): asleep, or woken with the requests held
+  floor = 0
 end
 local window = (status.autoscaling or {}).activeWindow
 if window ~= nil and window.floorReplicas ~= nil and window.floorReplicas > floor then

@@ -1,0 +1,123 @@
+"""The operator's side of the activator: read the requests it holds, report the ready pods.
+
+Why it exists: a service at `minReplicas: 0` has no pod that Prometheus could count requests
+on, so the autoscaler (the only writer of replicas) wakes it from the activator's count of held
+requests (`GET /v1/demand` on each activator pod's control port, summed); and the activator
+releases those requests only to pods the operator reports as ready, i.e. past their warm-up gate
+(`PUT /v1/services/NAMESPACE/NAME/backends`). The activator pods are found by resolving one
+DNS name (`KILN_ACTIVATOR_CONTROL`, the chart's headless Service `host:port`): every address it
+resolves to is one activator pod, so no API read and no RBAC is needed. Every call is bounded
+by a timeout; a pod that does not answer is left out (the others' counts stand), and when none
+answers the demand is unknown (None), which `decide` treats as no news, never as zero.
+"""
+
+import asyncio
+import logging
+import socket
+import time
+from typing import Any
+
+import aiohttp
+
+logger = logging.getLogger(__name__)
+
+TIMEOUT_SECONDS = 2.0
+"""Each call to an activator pod."""
+DEMAND_MAX_AGE_SECONDS = 1.0
+"""One demand read serves every service's pass within this age."""
+
+ServiceKey = tuple[str, str]
+
+
+class Activators:
+    """Every activator pod behind one DNS name, read and told through its control port."""
+
+    def __init__(self, control: str, timeout: float = TIMEOUT_SECONDS) -> None:
+        host, _, port = control.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"KILN_ACTIVATOR_CONTROL must be host:port, not {control!r}")
+        self.host, self.port = host, int(port)
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session: aiohttp.ClientSession | None = None
+        self._demand: dict[ServiceKey, int] | None = None
+        self._read_at = -1e9
+        self._reading: asyncio.Lock = asyncio.Lock()
+        self._reported: dict[ServiceKey, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+    async def addresses(self) -> list[str]:
+        """`ip:port` of every activator pod the name resolves to now (none if it does not)."""
+        loop = asyncio.get_running_loop()
+        try:
+            found = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        except OSError as error:
+            logger.warning(f"activator control {self.host} does not resolve: {error}")
+            return []
+        ips = sorted({str(info[4][0]) for info in found})
+        return [f"[{ip}]:{self.port}" if ":" in ip else f"{ip}:{self.port}" for ip in ips]
+
+    async def held(self, key: ServiceKey) -> int | None:
+        """Requests the activators hold for the service now; None when none answered."""
+        async with self._reading:
+            if time.monotonic() - self._read_at > DEMAND_MAX_AGE_SECONDS:
+                self._demand = await self._read_demand()
+                self._read_at = time.monotonic()
+        if self._demand is None:
+            return None
+        return self._demand.get(key, 0)
+
+    async def report(self, key: ServiceKey, http: list[str], grpc: list[str]) -> None:
+        """Tell every activator pod where the service's ready pods are (empty: none). Sent
+        again only when it changed, or to activators that did not take it last time."""
+        wanted = (tuple(sorted(http)), tuple(sorted(grpc)))
+        if self._reported.get(key) == wanted:
+            return
+        body = {"http": list(wanted[0]), "grpc": list(wanted[1])}
+        path = f"/v1/services/{key[0]}/{key[1]}/backends"
+        results = await asyncio.gather(
+            *(self._call("PUT", address, path, body) for address in await self.addresses())
+        )
+        if results and all(result is not None for result in results):
+            self._reported[key] = wanted
+        else:
+            self._reported.pop(key, None)
+
+    def forget(self, key: ServiceKey) -> None:
+        self._reported.pop(key, None)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _read_demand(self) -> dict[ServiceKey, int] | None:
+        answers = await asyncio.gather(
+            *(self._call("GET", address, "/v1/demand") for address in await self.addresses())
+        )
+        known = [answer for answer in answers if isinstance(answer, dict)]
+        if not known:
+            return None
+        demand: dict[ServiceKey, int] = {}
+        for answer in known:
+            for entry in answer.get("services") or []:
+                key = (str(entry.get("namespace")), str(entry.get("name")))
+                held = entry.get("held")
+                if isinstance(held, int) and held > 0:
+                    demand[key] = demand.get(key, 0) + held
+        return demand
+
+    async def _call(
+        self, method: str, address: str, path: str, body: dict[str, Any] | None = None
+    ) -> Any:
+        """The JSON answer (True for an empty one), or None when the pod did not answer well."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout, trust_env=False)
+        try:
+            async with self._session.request(method, f"http://{address}{path}", json=body) as got:
+                if got.status >= 300:
+                    logger.warning(f"activator {address} answered {method} {path}: {got.status}")
+                    return None
+                if got.status == 204:
+                    return True
+                return await got.json()
+        except (TimeoutError, aiohttp.ClientError, ValueError) as error:
+            logger.warning(f"activator {address} did not answer {method} {path}: {error}")
+            return None
