@@ -108,6 +108,11 @@ class ReconcileObservation:
     """Why the spec cannot run: InvalidSpec, PolicyViolation, ProfileNotFound, ProfileInvalid."""
     profiles: tuple[dict[str, Any], ...] = ()
     """status.profiles: the profiles the spec was resolved against."""
+    canary_phase: str | None = None
+    """status.rollout.phase of the spec's revision while a canary concerns it (Progressing,
+    Promoting, RolledBack), else None."""
+    canary_message: str = ""
+    """What Reconciling or Stalled says of the canary."""
 
 
 def _conditions(
@@ -276,6 +281,10 @@ def _conditions(
         ready = (False, observation.spec_error_reason, observation.spec_error)
     conditions = put(conditions, constants.CONDITION_READY, *ready)
     stalled, reconciling = _kstatus(ready, floor, deadline_exceeded)
+    if observation.spec_error is None and not stalled[0]:
+        stalled, reconciling = _canary_kstatus(
+            observation.canary_phase, observation.canary_message, stalled, reconciling
+        )
     conditions = put(conditions, constants.CONDITION_STALLED, *stalled)
     return put(conditions, constants.CONDITION_RECONCILING, *reconciling)
 
@@ -299,6 +308,27 @@ def _kstatus(
     if ready_status and floor is not None and not floor[0]:
         return not_stalled, (True, floor[1], floor[2])
     return not_stalled, (False, constants.REASON_CONVERGED, "")
+
+
+def _canary_kstatus(
+    phase: str | None,
+    message: str,
+    stalled: tuple[bool, str, str],
+    reconciling: tuple[bool, str, str],
+) -> tuple[tuple[bool, str, str], tuple[bool, str, str]]:
+    """A canary under way is work in progress (Reconciling) even while the stable version is
+    Ready; a rolled-back one needs a person (Stalled) until the spec changes."""
+    if phase == "RolledBack":
+        return (True, constants.REASON_CANARY_ROLLED_BACK, message), (
+            False,
+            constants.REASON_STALLED,
+            "",
+        )
+    if phase == "Progressing":
+        return stalled, (True, constants.REASON_CANARY_PROGRESSING, message)
+    if phase == "Promoting":
+        return stalled, (True, constants.REASON_CANARY_PROMOTING, message)
+    return stalled, reconciling
 
 
 def _with_cause(detail: str, cause: Cause | None) -> str:
