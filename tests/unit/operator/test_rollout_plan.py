@@ -41,7 +41,9 @@ def live(spec: InferenceServiceSpec) -> dict[str, Any]:
 
 def rollout(spec: InferenceServiceSpec, phase: str) -> RolloutStatus:
     revision = revision_of(build_deployment(spec, OWNER))
-    return RolloutStatus(phase=phase, revision=revision, step_started_at=T0)  # type: ignore[arg-type]
+    return RolloutStatus.model_validate(
+        {"phase": phase, "revision": revision, "step_started_at": T0}
+    )
 
 
 def test_without_the_strategy_nothing_changes() -> None:
