@@ -72,10 +72,6 @@ class RolloutStep:
     status: RolloutStatus | None
     events: list[RolloutEvent] = field(default_factory=list)
 
-    def changed_from(self, previous: RolloutStatus | None) -> bool:
-        """Whether the status must be written."""
-        return self.status != previous
-
 
 def metrics_window(spec: CanarySpec, status: RolloutStatus | None, now: datetime) -> int:
     """The window to read the signals over: since the step's window began, at least
@@ -243,7 +239,10 @@ def advance(
     if metrics is None or metrics.error is not None:
         why = "no metrics read" if metrics is None else metrics.error
         verdict = _verdict(
-            "Hold", constants.REASON_CANARY_METRICS_UNAVAILABLE, f"the canary is not judged: {why}", now
+            "Hold",
+            constants.REASON_CANARY_METRICS_UNAVAILABLE,
+            f"the canary is not judged: {why}",
+            now,
         )
         return _hold(current, verdict, restart=False)
     failure = judge(spec, slo_p99_milliseconds, metrics)
@@ -320,13 +319,3 @@ def split_replicas(demand: int, share_percent: int, max_replicas: int) -> tuple[
     for_share = math.floor(canary * (100 - share) / share + 0.5)
     stable = min(max(demand - canary, for_share, 1), max(max_replicas, 1))
     return stable, canary
-
-
-def keeps_canary(status: RolloutStatus | None, target_revision: str) -> bool:
-    """Whether the canary Deployment of target_revision is wanted: while its steps run and while
-    the stable Deployment rolls to it."""
-    return (
-        status is not None
-        and status.revision == target_revision
-        and status.phase in ("Progressing", "Promoting")
-    )
