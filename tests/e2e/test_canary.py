@@ -23,7 +23,7 @@ import yaml
 
 from kiln_localcluster.waiting import wait_for
 from tests.e2e.conftest import STATE_DIR, E2ECluster, Model, service_address
-from tests.e2e.test_real_node import HTTP, inference_service
+from tests.e2e.test_real_node import HTTP, MODEL, inference_service
 from tests.e2e.test_scale_down import Paced, http_call, paced
 from tests.sessioncluster import missing_component
 
@@ -62,6 +62,7 @@ def canary_spec(name: str, model: Model, uri: str | None = None, version: str = 
             pod={"annotations": {"example.com/version": version}},
         )
     )
+    body["spec"]["model"]["name"] = MODEL  # what the paced calls ask for
     if uri is not None:
         body["spec"]["model"]["uri"] = uri
     return yaml.safe_dump(body)
