@@ -113,11 +113,12 @@ def two_versions(
         server.close()
 
 
-def canary_service(name: str, url: str, batch: int = 32) -> dict[str, Any]:
+def canary_service(name: str, url: str, version: str = "1") -> dict[str, Any]:
+    """The service; another `version` is another pod template (an annotation of its pods)."""
     return gpu_service(
         name,
         slo={"p99LatencyMilliseconds": 100},
-        runtime={"batching": {"maxBatchSize": batch}},
+        pod={"annotations": {"example.com/version": version}},
         autoscaling={
             "minReplicas": 1,
             "maxReplicas": 4,
@@ -192,7 +193,7 @@ def test_a_good_canary_is_promoted_step_by_step_and_a_deleted_canary_comes_back(
     server, local = two_versions
     server.services["good"] = (0.004, 0.0)
     stable_template = started(cluster, namespace, "good", local.url)
-    apply(cluster, namespace, canary_service("good", local.url, batch=16))  # a new version
+    apply(cluster, namespace, canary_service("good", local.url, version="2"))  # a new version
 
     canary = wait_for(
         lambda: get(cluster, namespace, "deployment", "good-canary"),
@@ -284,7 +285,7 @@ def test_a_slow_canary_is_rolled_back_within_its_first_window_and_stalls_until_t
     server.services["failing"] = (0.004, 0.2)  # a fifth of its requests fail
     templates = {name: started(cluster, namespace, name, local.url) for name in server.services}
     for name in server.services:
-        apply(cluster, namespace, canary_service(name, local.url, batch=16))
+        apply(cluster, namespace, canary_service(name, local.url, version="2"))
     for name, reason in (("slow", "CanarySlowerThanStable"), ("failing", "CanaryErrors")):
         began = time.monotonic()
         status = wait_for(
