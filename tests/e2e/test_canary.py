@@ -3,8 +3,9 @@
 A good canary (the same model, another pod template) is promoted through every step with no
 failed request, and the share of requests each step's canary answered (the runtimes' own
 counters, read by the operator from Prometheus) is within 10 percentage points of the declared
-one; a slow canary (a model that computes about 30 ms per batch) is rolled back within its
-first step's window, with no failed request and the stable version serving throughout.
+one; a slow canary (a model that computes about 30 ms per batch on a whole core, so much more
+under its pod's 250m CPU limit) is rolled back within its first step's window, with no failed
+request and the stable version serving throughout.
 
 Why it exists: the split by ready replicas is only real under kube-proxy, the warm-up gate and
 the runtime's drain, and the verdict only under real latency: none of them run on kwok.
