@@ -311,7 +311,10 @@ class Autoscaler:
         self._memory[(namespace, name)] = (written_text, decision.state)
         if decision.desired_replicas < current:
             window = spec.autoscaling.metrics_window_seconds
-            await self._mark_idlest(namespace, name, pods, source, window)
+            # The stable Deployment's pods only: a canary's are never candidates (and go when
+            # its Deployment does, so annotating one may find it gone).
+            stable_pods = [p for p in pods if constants.LABEL_TRACK not in _labels(p)]
+            await self._mark_idlest(namespace, name, stable_pods, source, window)
         if decision.desired_replicas != current:
             await self.kube.merge_patch(
                 DEPLOYMENTS,
@@ -540,6 +543,11 @@ def _parsed_rollout(written: Any) -> RolloutStatus | None:
         return RolloutStatus.model_validate(written)
     except ValueError:
         return None
+
+
+def _labels(pod: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = (pod.get("metadata") or {}).get("labels") or {}
+    return labels
 
 
 def _controlled_by(child: dict[str, Any], uid: str | None) -> bool:

@@ -19,12 +19,14 @@ from tests.unit.operator.conftest import load_sample
 T0 = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
 OWNER = Owner(name="mlp", namespace="ns", uid="isvc-uid")
 URL = "http://prometheus.test"
+CANARY = {"serving.kiln.dev/track": "canary"}
 
 
 class RecordingKube:
     def __init__(self) -> None:
         self.statuses: list[tuple[str, dict[str, Any]]] = []
         self.scales: dict[str, int] = {}
+        self.annotated: list[str] = []
 
     async def apply_status(
         self, resource: Any, namespace: str, name: str, status: dict[str, Any], manager: str
@@ -37,6 +39,8 @@ class RecordingKube:
     ) -> dict[str, Any]:
         if "spec" in patch:
             self.scales[name] = patch["spec"]["replicas"]
+        elif resource.plural == "pods":
+            self.annotated.append(name)
         return {"metadata": {"name": name, "namespace": namespace, "resourceVersion": "9"}}
 
 
@@ -114,6 +118,12 @@ def autoscaler_on_step_one(canary: TrackSignals) -> tuple[Autoscaler, RecordingK
     )
     cache.store("deployments", stable)
     cache.store("deployments", ready(build_canary_deployment(desired, OWNER, 1), 1, "canary-uid"))
+    for pod, track in (("mlp-a", {}), ("mlp-b", {}), ("mlp-c", {}), ("mlp-canary-x", CANARY)):
+        labels = {"serving.kiln.dev/inferenceservice": "mlp", **track}
+        cache.store(
+            "pods",
+            {"metadata": {"name": pod, "namespace": "ns", "labels": labels}, "status": {}},
+        )
     kube = RecordingKube()
     autoscaler = Autoscaler(kube, cache, URL)  # type: ignore[arg-type]
     autoscaler.sources[URL] = FixedSource(canary)  # type: ignore[assignment]
@@ -136,6 +146,8 @@ async def test_a_passed_step_moves_to_the_next_share_and_sizes_both_deployments(
     assert "2 stable replicas keep the canary's share (the demand asks 3)" in (
         evaluation.decision.message
     )
+    # Before the stable scale-down, its own pods are marked (never a canary pod).
+    assert sorted(kube.annotated) == ["mlp-a", "mlp-b", "mlp-c"]
     assert not any("rollout" in s for m, s in kube.statuses if m != ROLLOUT_FIELD_MANAGER)
 
 
