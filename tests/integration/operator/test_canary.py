@@ -313,7 +313,9 @@ def test_a_slow_canary_is_rolled_back_within_its_first_window_and_stalls_until_t
         judged = datetime.fromisoformat(verdict["at"]) - datetime.fromisoformat(
             status["stepStartedAt"]
         )
-        assert judged.total_seconds() <= STEP_SECONDS, (judged, status)  # within one window
+        # By the end of the first window: errors at once, slower than stable at the window's
+        # end (at the first autoscaler pass after it, every 5 s).
+        assert judged.total_seconds() <= STEP_SECONDS + 5, (judged, status)
         wait_for(
             functools.partial(canary_gone, cluster, namespace, name),
             timeout=30,

@@ -100,19 +100,28 @@ def test_a_good_canary_passes_each_step_then_promotes_then_is_promoted() -> None
 
 
 @pytest.mark.parametrize(
-    ("canary", "stable", "reason"),
+    ("canary", "stable", "reason", "at"),
     [
-        (signals(errors=30), signals(4500), constants.REASON_CANARY_ERRORS),
-        (signals(p99_ms=150), signals(4500, p99_ms=140), constants.REASON_CANARY_SLO_BREACHED),
-        (signals(p99_ms=40), signals(4500, p99_ms=5), constants.REASON_CANARY_SLOWER),
+        (signals(errors=30), signals(4500), constants.REASON_CANARY_ERRORS, 20),
+        (
+            signals(p99_ms=150),
+            signals(4500, p99_ms=140),
+            constants.REASON_CANARY_SLO_BREACHED,
+            20,
+        ),
+        (signals(p99_ms=40), signals(4500, p99_ms=5), constants.REASON_CANARY_SLOWER, 60),
     ],
+    ids=["errors: at once", "the SLO: at once", "slower than stable: at the window's end"],
 )
-def test_a_worse_canary_is_rolled_back_at_once_mid_window(
-    canary: TrackSignals, stable: TrackSignals, reason: str
+def test_a_worse_canary_is_rolled_back(
+    canary: TrackSignals, stable: TrackSignals, reason: str, at: int
 ) -> None:
     status = started()
     seen = metrics(canary, stable, window=20)
-    step = advance(SPEC, SLO_MS, status, observe(seen=seen), T0 + timedelta(seconds=20))
+    if at > 20:  # mid-window, slower than the stable version is not yet a verdict
+        early = advance(SPEC, SLO_MS, status, observe(seen=seen), T0 + timedelta(seconds=20))
+        assert early.status == status and early.events == []
+    step = advance(SPEC, SLO_MS, status, observe(seen=seen), T0 + timedelta(seconds=at))
     assert step.status is not None and step.status.phase == "RolledBack"
     verdict = step.status.last_verdict
     assert verdict is not None and (verdict.result, verdict.reason) == ("Fail", reason)
