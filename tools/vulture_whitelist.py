@@ -78,6 +78,7 @@ _.active_window
 _.last_scale_time
 _.last_scale_direction
 _.next_rise_requests_per_second
+_.canary_requests
 
 # Read by the unit tests, which pin them: the warm-up verdict's p50 beside its p99
 # (warmup/plan.py) and the instant a pre-warm window starts raising replicas

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 POLL_SECONDS = 1.0
 INFERENCESERVICE_LABEL = "serving.kiln.dev/inferenceservice"
+TRACK_LABEL = "serving.kiln.dev/track"
+"""A canary's pods carry it (spec.rollout.canary); it becomes the series label `kiln_track`."""
 
 Pod = dict[str, Any]
 
@@ -57,14 +59,14 @@ def scrape_target(pod: Pod) -> dict[str, Any] | None:
         return None
     meta = pod["metadata"]
     labels = meta.get("labels") or {}
-    return {
-        "targets": [f"{pod['status']['podIP']}:{port}"],
-        "labels": {
-            "namespace": meta["namespace"],
-            "pod": meta["name"],
-            "inferenceservice": labels.get(INFERENCESERVICE_LABEL, ""),
-        },
+    series_labels = {
+        "namespace": meta["namespace"],
+        "pod": meta["name"],
+        "inferenceservice": labels.get(INFERENCESERVICE_LABEL, ""),
     }
+    if labels.get(TRACK_LABEL):
+        series_labels["kiln_track"] = labels[TRACK_LABEL]
+    return {"targets": [f"{pod['status']['podIP']}:{port}"], "labels": series_labels}
 
 
 def write_targets(path: Path, targets: list[dict[str, Any]]) -> None:

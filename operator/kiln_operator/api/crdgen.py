@@ -67,6 +67,33 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Observed requests waiting per replica.",
     },
     {
+        "name": "Canary",
+        "type": "string",
+        "jsonPath": ".status.rollout.phase",
+        "description": "The last canary's phase (spec.rollout.canary).",
+    },
+    {
+        "name": "Step",
+        "type": "integer",
+        "jsonPath": ".status.rollout.step",
+        "description": "The canary's step (0-based).",
+        "priority": 1,
+    },
+    {
+        "name": "Share",
+        "type": "integer",
+        "jsonPath": ".status.rollout.sharePercent",
+        "description": "The canary's declared share of traffic in percent.",
+        "priority": 1,
+    },
+    {
+        "name": "Verdict",
+        "type": "string",
+        "jsonPath": ".status.rollout.lastVerdict.reason",
+        "description": "The canary's last verdict.",
+        "priority": 1,
+    },
+    {
         "name": "URL",
         "type": "string",
         "jsonPath": ".status.url",

@@ -29,6 +29,8 @@ from kiln_operator import telemetry
 from kiln_operator.autoscaling.capacity import BatchWindow
 from kiln_operator.autoscaling.inputs import MetricsObservation
 from kiln_operator.autoscaling.signals import ServiceKey, ServiceSignals, fan_out, grouped_query
+from kiln_operator.rollout.machine import CanaryMetrics
+from kiln_operator.rollout.signals import canary_query, parse
 
 QUERY_TIMEOUT_SECONDS = 5
 """One query's limit; the grouped query is the only one per refresh."""
@@ -86,6 +88,23 @@ class PrometheusSource:
             return Snapshot(taken_at, services=fan_out(result))
         except (requests.RequestException, PrometheusApiClientException, ValueError) as error:
             return Snapshot(taken_at, error=f"Prometheus at {self.url} unreadable: {error}")
+
+    async def canary(self, namespace: str, name: str, window_seconds: int) -> CanaryMetrics:
+        """Both versions' signals of one service over the window (spec.rollout.canary), on this
+        endpoint's thread; a failure is the result's `error`, never an exception."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._thread, self._canary, namespace, name, window_seconds
+        )
+
+    def _canary(self, namespace: str, name: str, window_seconds: int) -> CanaryMetrics:
+        try:
+            result = self._prometheus.custom_query(canary_query(namespace, name, window_seconds))
+            return parse(result, window_seconds)
+        except (requests.RequestException, PrometheusApiClientException, ValueError) as error:
+            return CanaryMetrics(
+                window_seconds, error=f"Prometheus at {self.url} unreadable: {error}"
+            )
 
     def load_by_pod(self, namespace: str, service: str, window_seconds: int) -> dict[str, float]:
         """Each pod's load: requests it answered per second over the window plus its requests

@@ -16,6 +16,11 @@ GROUP_LABELS = ("namespace", "inferenceservice")
 SIGNAL_LABEL = "kiln_signal"
 """The label `label_replace` adds to tell the signals apart in the one result vector."""
 
+STABLE = 'kiln_track!="canary"'
+"""Every signal is the stable version's: a canary's pods (spec.rollout.canary) are judged by
+their own query, and their latency must never scale the stable Deployment. Series without the
+label (every pod of a service without a canary) match."""
+
 FRESHNESS_STEPS = 12
 """How many points of the window the freshness subquery samples (every 5 s of a 60 s window)."""
 
@@ -65,20 +70,23 @@ def signal_expressions(window_seconds: int) -> dict[str, str]:
         # The newest sample time over the window, sampled every `step` (a subquery): a plain
         # `timestamp(kiln_queue_depth)` is empty while the newest point is a staleness marker.
         "freshest": f"max by ({', '.join(GROUP_LABELS)}) "
-        f"(max_over_time(timestamp(kiln_queue_depth)[{window_seconds}s:{step}s]))",
+        f"(max_over_time(timestamp(kiln_queue_depth{{{STABLE}}})[{window_seconds}s:{step}s]))",
         # Buckets summed over the service's pods by `le`, then the quantile: a service-wide
         # tail, never an average of per-pod quantiles.
         "p99_seconds": "histogram_quantile(0.99, sum by "
-        f"({', '.join(GROUP_LABELS)}, le) (rate(kiln_request_duration_seconds_bucket{w})))",
-        "requests_per_second": _by(f"rate(kiln_requests_total{w})"),
-        "ok_per_second": _by(f'rate(kiln_requests_total{{code="ok"}}{w})'),
+        f"({', '.join(GROUP_LABELS)}, le) "
+        f"(rate(kiln_request_duration_seconds_bucket{{{STABLE}}}{w})))",
+        "requests_per_second": _by(f"rate(kiln_requests_total{{{STABLE}}}{w})"),
+        "ok_per_second": _by(f'rate(kiln_requests_total{{code="ok",{STABLE}}}{w})'),
         # Live values; only when no pod of the service has one (a failed scrape marked them
         # stale), each pod's last value in the window.
-        "queue_depth": f"{_by('kiln_queue_depth')} "
-        f"or {_by(f'last_over_time(kiln_queue_depth{w})')}",
-        "rows_per_second": _by(f"rate(kiln_batch_size_sum{w})"),
-        "batches_per_second": _by(f"rate(kiln_batch_size_count{w})"),
-        "compute_seconds_per_second": _by(f"rate(kiln_compute_duration_seconds_sum{w})"),
+        "queue_depth": f"{_by(f'kiln_queue_depth{{{STABLE}}}')} "
+        f"or {_by(f'last_over_time(kiln_queue_depth{{{STABLE}}}{w})')}",
+        "rows_per_second": _by(f"rate(kiln_batch_size_sum{{{STABLE}}}{w})"),
+        "batches_per_second": _by(f"rate(kiln_batch_size_count{{{STABLE}}}{w})"),
+        "compute_seconds_per_second": _by(
+            f"rate(kiln_compute_duration_seconds_sum{{{STABLE}}}{w})"
+        ),
     }
 
 

@@ -13,6 +13,8 @@ SERVICE_MONITOR_PLURAL = "servicemonitors"
 SCRAPE_INTERVAL = "15s"
 INFERENCESERVICE_POD_LABEL = "__meta_kubernetes_pod_label_serving_kiln_dev_inferenceservice"
 """Prometheus' discovery label for the pod label constants.LABEL_INFERENCESERVICE."""
+TRACK_POD_LABEL = "__meta_kubernetes_pod_label_serving_kiln_dev_track"
+"""Prometheus' discovery label for constants.LABEL_TRACK (a canary's pods only)."""
 
 
 def build_service_monitor(owner: Owner) -> Manifest:
@@ -30,12 +32,14 @@ def build_service_monitor(owner: Owner) -> Manifest:
                     "path": constants.METRICS_PATH,
                     "interval": SCRAPE_INTERVAL,
                     # The autoscaler's queries select a service's series by this label
-                    # (namespace and pod the Prometheus Operator adds itself).
+                    # (namespace and pod the Prometheus Operator adds itself); a canary's
+                    # series by kiln_track (absent on the stable version's pods).
                     "relabelings": [
                         {
                             "sourceLabels": [INFERENCESERVICE_POD_LABEL],
                             "targetLabel": "inferenceservice",
-                        }
+                        },
+                        {"sourceLabels": [TRACK_POD_LABEL], "targetLabel": "kiln_track"},
                     ],
                 }
             ],

@@ -19,7 +19,11 @@ import kopf
 from prometheus_client import Counter, Histogram
 
 from kiln_operator import constants, telemetry
-from kiln_operator.handlers.inferenceservice import PROMETHEUS_URL, operator_scheduler
+from kiln_operator.handlers.inferenceservice import (
+    IMITATED_GPUS,
+    PROMETHEUS_URL,
+    operator_scheduler,
+)
 from kiln_operator.k8s.autoscaler import Autoscaler
 from kiln_operator.k8s.client import RequestFailed
 from kiln_operator.k8s.events import post_event
@@ -88,7 +92,12 @@ def shared_autoscaler(memo: Any) -> Autoscaler:
     slot: dict[str, Autoscaler] = memo.shared_autoscaler
     if SHARED not in slot:
         slot[SHARED] = Autoscaler(
-            memo.kube, memo.cache, PROMETHEUS_URL, memo.platform, activators=memo.get("activators")
+            memo.kube,
+            memo.cache,
+            PROMETHEUS_URL,
+            memo.platform,
+            activators=memo.get("activators"),
+            imitated_gpus=IMITATED_GPUS,
         )
     return slot[SHARED]
 
@@ -147,6 +156,14 @@ async def _evaluate(memo: Any, namespace: str, name: str) -> float:
             reason=EVENT_LEARNED_FLOOR,
             message=evaluation.learned_change,
         )
+    for event in evaluation.rollout_events if body is not None else ():
+        await post_event(
+            memo.kube, body, type=event.type, reason=event.reason, message=event.message
+        )
+    if evaluation.rollout_changed and memo.get("workqueue") is not None:
+        # status.rollout says which Deployment runs what; its write is the autoscaler's own, so
+        # its watch event queues nothing: ask the reconcile loop directly.
+        memo.workqueue.add(namespace, name, trigger="rollout")
     if body is not None and decision.desired_replicas != evaluation.previous_replicas:
         outside = f"{evaluation.changed_outside}; " if evaluation.changed_outside else ""
         await post_event(

@@ -22,7 +22,9 @@ from datetime import datetime
 from typing import Any
 
 from kiln_operator import constants
+from kiln_operator.api.v1alpha1 import InferenceServiceSpec
 from kiln_operator.api.v1alpha1.autoscaling import AutoscalingStatus
+from kiln_operator.api.v1alpha1.rollout import RolloutStatus
 from kiln_operator.autoscaling.deletion_cost import DELETION_COST_ANNOTATION, deletion_costs
 from kiln_operator.autoscaling.history import HistoryCache
 from kiln_operator.autoscaling.inputs import MetricsObservation, ScalingSpec
@@ -35,12 +37,25 @@ from kiln_operator.autoscaling.quiet import (
 )
 from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState
 from kiln_operator.k8s.activator import Activators
+from kiln_operator.builders.canary import canary_name, revision_of
+from kiln_operator.builders.compare import needs_update
+from kiln_operator.builders.deployment import build_deployment
+from kiln_operator.builders.naming import Owner
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import KubeClient
 from kiln_operator.k8s.platform import PlatformObjects
 from kiln_operator.k8s.resources import DEPLOYMENTS, INFERENCE_SERVICES, PODS
+from kiln_operator.rollout.machine import (
+    CanaryMetrics,
+    RolloutEvent,
+    RolloutObservation,
+    advance,
+    metrics_window,
+    split_replicas,
+)
 from kiln_operator.status.causes import placement_failure
 from kiln_operator.status.conditions import find_condition, set_condition
+from kiln_operator.status.deployment import rollout_state
 from kiln_operator.warmup.podstate import ready_addresses, summarize
 
 logger = logging.getLogger(__name__)
@@ -62,11 +77,29 @@ class Evaluation:
     """Why the replicas before it are not what the autoscaler left them at (someone scaled the
     Deployment: `kubectl scale deployment`, another controller), until it corrects them; or
     None."""
+    rollout_events: tuple[RolloutEvent, ...] = ()
+    """The canary's transitions in this pass (spec.rollout.canary)."""
+    rollout_changed: bool = False
+    """status.rollout was written: the reconcile loop must look again (it decides which
+    Deployment runs what from it)."""
+
+
+@dataclass(frozen=True)
+class CanaryPass:
+    """What the canary's part of a pass decided."""
+
+    stable_replicas: int | None = None
+    """The stable Deployment's replicas for the step's share, None: the autoscaler's own."""
+    events: tuple[RolloutEvent, ...] = ()
+    changed: bool = False
 
 
 FIELD_MANAGER = "kiln-autoscaler"
 """The autoscaler's server-side-apply field manager: it owns status.autoscaling and the
 MetricsAvailable condition; the reconcile loop's manager owns the other conditions."""
+ROLLOUT_FIELD_MANAGER = "kiln-rollout"
+"""The manager of status.rollout, written apart from status.autoscaling (an apply that left
+out a field its manager owns would remove it)."""
 
 
 def metrics_condition(
@@ -103,10 +136,15 @@ class Autoscaler:
         default_prometheus_url: str | None,
         platform: PlatformObjects | None = None,
         activators: Activators | None = None,
+        *,
+        imitated_gpus: bool = False,
     ) -> None:
         self.kube = kube
         self.activators = activators
         """Kiln's activator (KILN_ACTIVATOR_CONTROL), for the services at minReplicas 0."""
+        self.imitated_gpus = imitated_gpus
+        """As the reconcile loop's: the spec's pod template (a canary's revision) is built
+        alike."""
         self.cache = cache
         self.default_prometheus_url = default_prometheus_url
         self.platform = (
@@ -242,6 +280,21 @@ class Autoscaler:
             max_batch_size=spec.runtime.batching.max_batch_size,
         )
         decision = decide(current, observed, scaling, state, now)
+        canary = CanaryPass()
+        if spec.rollout.canary is not None:
+            canary = await self._canary_pass(
+                body, spec=spec, stable=deployment, source=source, decision=decision, now=now
+            )
+        if (
+            canary.stable_replicas is not None
+            and canary.stable_replicas != decision.desired_replicas
+        ):
+            decision = dataclasses.replace(
+                decision,
+                desired_replicas=canary.stable_replicas,
+                message=f"{decision.message}; {canary.stable_replicas} stable replicas keep the "
+                f"canary's share (the demand asks {decision.desired_replicas})",
+            )
         changed_outside = self._changed_outside(namespace, name, current, decision)
 
         # The explanation first, so whoever sees replicas change can read why.
@@ -273,7 +326,10 @@ class Autoscaler:
         self._memory[(namespace, name)] = (written_text, decision.state)
         if decision.desired_replicas < current:
             window = spec.autoscaling.metrics_window_seconds
-            await self._mark_idlest(namespace, name, pods, source, window)
+            # The stable Deployment's pods only: a canary's are never candidates (and go when
+            # its Deployment does, so annotating one may find it gone).
+            stable_pods = [p for p in pods if constants.LABEL_TRACK not in _labels(p)]
+            await self._mark_idlest(namespace, name, stable_pods, source, window)
         if decision.desired_replicas != current:
             await self.kube.merge_patch(
                 DEPLOYMENTS,
@@ -290,7 +346,104 @@ class Autoscaler:
             state_problem=state_problem,
             learned_change=learned_change(said, new_status),
             changed_outside=changed_outside,
+            rollout_events=canary.events,
+            rollout_changed=canary.changed,
         )
+
+    async def _canary_pass(
+        self,
+        body: dict[str, Any],
+        *,
+        spec: InferenceServiceSpec,
+        stable: dict[str, Any],
+        source: PrometheusSource | None,
+        decision: Decision,
+        now: datetime,
+    ) -> CanaryPass:
+        """spec.rollout.canary: judge the canary (`rollout.machine.advance`), write status.rollout
+        on a change, and size the canary Deployment for its step's share. Returns the stable
+        Deployment's replicas for that share (the caller writes them with its own decision)."""
+        canary_spec = spec.rollout.canary
+        assert canary_spec is not None
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        owner = Owner(name=name, namespace=namespace, uid=meta["uid"])
+        desired = build_deployment(spec, owner, imitated_gpus=self.imitated_gpus)
+        target = revision_of(desired)
+        previous = _parsed_rollout((body.get("status") or {}).get("rollout"))
+        canary = self.cache.get(DEPLOYMENTS.plural, namespace, canary_name(name))
+        if canary is not None and not _controlled_by(canary, meta.get("uid")):
+            canary = None  # someone else's holds the name: never judge nor scale it
+        stable_matches = not needs_update(stable, desired)
+        current = previous if previous is not None and previous.revision == target else None
+        metrics: CanaryMetrics | None = None
+        ready = _canary_ready(canary, target)
+        if not stable_matches and current is not None and current.phase == "Progressing":
+            window = metrics_window(canary_spec, current, now)
+            if source is None:
+                metrics = CanaryMetrics(window, error="no Prometheus URL")
+            elif ready > 0:
+                metrics = await source.canary(namespace, name, window)
+        step = advance(
+            canary_spec,
+            spec.slo.p99_latency_milliseconds,
+            previous,
+            RolloutObservation(
+                target_revision=target,
+                stable_matches=stable_matches,
+                canary_ready=ready,
+                stable_rolled_out=not rollout_state(stable).in_progress,
+                metrics=metrics,
+            ),
+            now,
+        )
+        status = step.status
+        stable_replicas: int | None = None
+        canary_replicas: int | None = None
+        live_canary = None if canary is None else int(canary["spec"].get("replicas", 1))
+        if status is not None and status.revision == target and live_canary is not None:
+            if status.phase == "Progressing":
+                stable_replicas, canary_replicas = split_replicas(
+                    decision.desired_replicas,
+                    status.share_percent,
+                    spec.autoscaling.max_replicas,
+                )
+            elif status.phase == "Promoting":
+                canary_replicas = live_canary  # it serves until the stable rollout is done
+        if (
+            status is not None
+            and status.revision == target
+            and status.phase
+            in (
+                "Progressing",
+                "Promoting",
+            )
+        ):
+            status = status.model_copy(
+                update={
+                    "canary_replicas": canary_replicas or 0,
+                    "stable_replicas": stable_replicas or decision.desired_replicas,
+                }
+            )
+        changed = status is not None and status != previous
+        if changed and status is not None:
+            written = await self.kube.apply_status(
+                INFERENCE_SERVICES,
+                namespace,
+                name,
+                {"rollout": status.model_dump(by_alias=True, mode="json", exclude_none=True)},
+                manager=ROLLOUT_FIELD_MANAGER,
+            )
+            self._written(namespace, name, written)
+        if canary_replicas is not None and canary_replicas != live_canary:
+            await self.kube.merge_patch(
+                DEPLOYMENTS,
+                namespace,
+                canary_name(name),
+                {"spec": {"replicas": canary_replicas}},
+                subresource="scale",
+            )
+        return CanaryPass(stable_replicas, tuple(step.events), changed)
 
     def _changed_outside(
         self, namespace: str, name: str, current: int, decision: Decision
@@ -396,3 +549,39 @@ def _condition_holds(conditions: list[dict[str, Any]], condition: dict[str, Any]
     written = find_condition(conditions, condition["type"])
     keys = ("status", "reason", "observedGeneration")
     return written is not None and all(written.get(k) == condition.get(k) for k in keys)
+
+
+def _parsed_rollout(written: Any) -> RolloutStatus | None:
+    """The written status.rollout, or None when absent or not in today's shape."""
+    if not isinstance(written, dict):
+        return None
+    try:
+        return RolloutStatus.model_validate(written)
+    except ValueError:
+        return None
+
+
+def _labels(pod: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = (pod.get("metadata") or {}).get("labels") or {}
+    return labels
+
+
+def _controlled_by(child: dict[str, Any], uid: str | None) -> bool:
+    controller = next(
+        (r for r in child["metadata"].get("ownerReferences") or [] if r.get("controller")), None
+    )
+    return controller is not None and uid is not None and controller.get("uid") == uid
+
+
+def _canary_ready(canary: dict[str, Any] | None, revision: str) -> int:
+    """Ready pods of the canary Deployment that run `revision`: 0 while it runs another one or
+    still rolls to it (a spec change mid-canary), or while there is no canary Deployment."""
+    if canary is None:
+        return 0
+    annotations = canary["metadata"].get("annotations") or {}
+    if annotations.get(constants.ANNOTATION_REVISION) != revision:
+        return 0
+    state = rollout_state(canary)
+    if not state.observed or state.replicas != state.updated:
+        return 0
+    return int((canary.get("status") or {}).get("readyReplicas") or 0)

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from kiln_operator import constants
 from kiln_operator.api.v1alpha1 import InferenceServiceSpec
 from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState
+from kiln_operator.api.v1alpha1.rollout import RolloutStatus
 from kiln_operator.builders import (
     Owner,
     build_deployment,
@@ -33,6 +34,7 @@ from kiln_operator.builders import (
     build_service,
     build_service_monitor,
 )
+from kiln_operator.builders.canary import build_canary_deployment, canary_name, revision_of
 from kiln_operator.builders.compare import build_update, needs_update
 from kiln_operator.builders.endpoints import build_endpoint_slice
 from kiln_operator.builders.naming import Manifest, grpc_address, http_url, label_selector_string
@@ -188,6 +190,7 @@ class Reconciler:
             *ROUTE_RESOURCES,
         ):
             self._written.pop((resource.plural, namespace, name), None)
+        self._written.pop((DEPLOYMENTS.plural, namespace, canary_name(name)), None)
 
     async def reconcile(self, namespace: str, name: str, *, fresh: bool = False) -> Outcome:
         """Bring one InferenceService's children and status in line with its spec.
@@ -214,11 +217,19 @@ class Reconciler:
         deployment = await self._read_deployment(owner, outcome, fresh)
         effective = self._platform.effective(body)
         parsed = effective.spec
+        rollout = _rollout_status(body)
+        canary_phase: str | None = None
         if parsed is None:
             outcome.spec_error = effective.message
             outcome.spec_error_reason = effective.reason or constants.REASON_INVALID_SPEC
         else:
-            deployment = await self._apply_children(parsed, owner, deployment, outcome, fresh)
+            plan = _canary_plan(
+                parsed, deployment, owner, rollout, imitated_gpus=self._imitated_gpus
+            )
+            canary_phase = plan.phase
+            deployment = await self._apply_children(
+                parsed, owner, deployment, outcome, fresh, plan=plan
+            )
             deployment = self._newest_known(deployment)
         observation = ReconcileObservation(
             generation=int(meta.get("generation") or 0),
@@ -236,6 +247,8 @@ class Reconciler:
                 self._cache.pods_of(owner.namespace, owner.name)
             ),
             cold_start_seconds=_last_cold_start(body),
+            canary_phase=canary_phase,
+            canary_message=_canary_message(rollout, canary_phase),
         )
         update = compute_status(body.get("status") or {}, observation, datetime.now(UTC))
         if update.patch is not None:
@@ -281,9 +294,13 @@ class Reconciler:
         deployment: Manifest | None,
         outcome: Outcome,
         fresh: bool,
+        *,
+        plan: "CanaryPlan",
     ) -> Manifest | None:
         """Create or correct the children; returns the live Deployment after the writes (None
         when there is none of ours: not created yet, refused, or the name is held by another).
+        While a canary runs (`plan`), the stable Deployment keeps its template and the canary
+        Deployment runs the spec's.
 
         The Deployment (with its PodDisruptionBudget, which depends on its replicas) and the
         Service are written concurrently: a Service create waits for a cluster IP, and at scale
@@ -298,10 +315,13 @@ class Reconciler:
                     spec, owner, initial_replicas, imitated_gpus=self._imitated_gpus
                 )
                 step = self._create(DEPLOYMENTS, owner, desired, outcome)
+            elif plan.keep_stable:
+                step = _as_awaitable(deployment)
             else:
                 desired = build_deployment(spec, owner, imitated_gpus=self._imitated_gpus)
                 step = self._correct(DEPLOYMENTS, owner, deployment, desired, outcome)
-            live = await self._reported(step, desired["kind"], owner, outcome)
+            live = await self._reported(step, "Deployment", owner, outcome)
+            await self._apply_canary(spec, owner, plan, outcome, fresh)
             if live is None or not _controlled_by(live, owner):
                 return None
             live_replicas = int((live.get("spec") or {}).get("replicas", initial_replicas))
@@ -357,6 +377,36 @@ class Reconciler:
         else:
             removal = self._remove(ENDPOINT_SLICES, owner, outcome, fresh)
             await self._reported(removal, "EndpointSlice", owner, outcome)
+
+    async def _apply_canary(
+        self,
+        spec: InferenceServiceSpec,
+        owner: Owner,
+        plan: "CanaryPlan",
+        outcome: Outcome,
+        fresh: bool,
+    ) -> None:
+        """Create or correct the canary Deployment while the plan wants one, else delete it (only
+        ever one this InferenceService controls). Its replicas are written at creation only:
+        the autoscaler sizes it for the step's share."""
+        canary = Owner(canary_name(owner.name), owner.namespace, owner.uid)
+        if not plan.wants_canary:
+            # Without the strategy the watch-fed cache is asked (no extra read per resync).
+            wanted_fresh = fresh and spec.rollout.canary is not None
+            removal = self._remove(DEPLOYMENTS, canary, outcome, wanted_fresh)
+            await self._reported(removal, "Deployment", canary, outcome)
+            return
+        stable = build_deployment(spec, owner, imitated_gpus=self._imitated_gpus)
+
+        async def read_and_write() -> Manifest | None:
+            live = await self._read(DEPLOYMENTS, canary.namespace, canary.name, fresh)
+            if live is None:
+                created = build_canary_deployment(stable, owner, initial_replicas=1)
+                return await self._create(DEPLOYMENTS, canary, created, outcome)
+            desired = build_canary_deployment(stable, owner)
+            return await self._correct(DEPLOYMENTS, canary, live, desired, outcome)
+
+        await self._reported(read_and_write(), "Deployment", canary, outcome)
 
     async def _apply_routes(
         self, spec: InferenceServiceSpec, owner: Owner, outcome: Outcome, fresh: bool
@@ -576,3 +626,72 @@ def _last_cold_start(body: Manifest) -> float | None:
     warmup = (body.get("status") or {}).get("warmup") or {}
     measured = warmup.get("coldStartP90Seconds")
     return float(measured) if isinstance(measured, int | float) else None
+
+
+@dataclass(frozen=True)
+class CanaryPlan:
+    """What spec.rollout.canary asks of the two Deployments in this reconcile."""
+
+    keep_stable: bool = False
+    """The stable Deployment keeps its template (a canary runs or was rolled back)."""
+    wants_canary: bool = False
+    """The canary Deployment of the spec's template exists."""
+    phase: str | None = None
+    """status.rollout.phase for the spec's revision; "Progressing" before the autoscaler's pass
+    registers a new one; None when no canary concerns the spec."""
+
+
+def _rollout_status(body: Manifest) -> RolloutStatus | None:
+    written = (body.get("status") or {}).get("rollout")
+    if not isinstance(written, dict):
+        return None
+    try:
+        return RolloutStatus.model_validate(written)
+    except ValueError:
+        return None
+
+
+def _canary_plan(
+    spec: InferenceServiceSpec,
+    deployment: Manifest | None,
+    owner: Owner,
+    rollout: RolloutStatus | None,
+    *,
+    imitated_gpus: bool,
+) -> CanaryPlan:
+    """Level-based: from the spec, the live stable Deployment and status.rollout (the autoscaler's
+    pass writes it), which Deployment runs what. A new template runs as a canary while its steps
+    run; Promoting rolls the stable Deployment to it (the canary stays until that is done); a
+    rolled-back revision leaves the stable Deployment as it is until the spec changes."""
+    if spec.rollout.canary is None or deployment is None or not _controlled_by(deployment, owner):
+        return CanaryPlan()
+    desired = build_deployment(spec, owner, imitated_gpus=imitated_gpus)
+    target = revision_of(desired)
+    phase = rollout.phase if rollout is not None and rollout.revision == target else None
+    differs = needs_update(deployment, desired)
+    if not differs and phase != "Promoting":
+        phase = None  # the stable Deployment runs the spec: no canary concerns it
+    if differs and phase in (None, "Promoted", "Abandoned"):
+        phase = "Progressing"  # the autoscaler's next pass starts it
+    keep_stable = differs and phase != "Promoting"
+    wants_canary = (differs and phase != "RolledBack") or phase == "Promoting"
+    return CanaryPlan(keep_stable=keep_stable, wants_canary=wants_canary, phase=phase)
+
+
+def _canary_message(rollout: RolloutStatus | None, phase: str | None) -> str:
+    if phase is None:
+        return ""
+    if rollout is None or rollout.phase != phase:
+        return "a canary of the new version starts"
+    verdict = rollout.last_verdict
+    said = f": {verdict.message}" if verdict is not None else ""
+    if phase == "RolledBack":
+        return f"the canary of revision {rollout.revision} was rolled back{said}"
+    return (
+        f"canary of revision {rollout.revision}: step {rollout.step + 1} of {rollout.steps}, "
+        f"{rollout.share_percent} % of traffic{said}"
+    )
+
+
+async def _as_awaitable(value: Manifest) -> Manifest:
+    return value

@@ -111,6 +111,11 @@ class ReconcileObservation:
     cold_start_seconds: float | None = None
     """The last cold start the warm-up gate measured (status.warmup), for Ready's message at
     zero; None when unknown."""
+    canary_phase: str | None = None
+    """status.rollout.phase of the spec's revision while a canary concerns it (Progressing,
+    Promoting, RolledBack), else None."""
+    canary_message: str = ""
+    """What Reconciling or Stalled says of the canary."""
 
 
 def _conditions(
@@ -289,6 +294,10 @@ def _conditions(
         ready = (False, observation.spec_error_reason, observation.spec_error)
     conditions = put(conditions, constants.CONDITION_READY, *ready)
     stalled, reconciling = _kstatus(ready, floor, deadline_exceeded)
+    if observation.spec_error is None and not stalled[0]:
+        stalled, reconciling = _canary_kstatus(
+            observation.canary_phase, observation.canary_message, stalled, reconciling
+        )
     conditions = put(conditions, constants.CONDITION_STALLED, *stalled)
     return put(conditions, constants.CONDITION_RECONCILING, *reconciling)
 
@@ -322,6 +331,27 @@ def _asleep(observation: ReconcileObservation) -> str:
         "0 replicas (minReplicas 0, idle); the first request wakes one and waits for it "
         f"to pass its warm-up gate{lead}"
     )
+
+
+def _canary_kstatus(
+    phase: str | None,
+    message: str,
+    stalled: tuple[bool, str, str],
+    reconciling: tuple[bool, str, str],
+) -> tuple[tuple[bool, str, str], tuple[bool, str, str]]:
+    """A canary under way is work in progress (Reconciling) even while the stable version is
+    Ready; a rolled-back one needs a person (Stalled) until the spec changes."""
+    if phase == "RolledBack":
+        return (True, constants.REASON_CANARY_ROLLED_BACK, message), (
+            False,
+            constants.REASON_STALLED,
+            "",
+        )
+    if phase == "Progressing":
+        return stalled, (True, constants.REASON_CANARY_PROGRESSING, message)
+    if phase == "Promoting":
+        return stalled, (True, constants.REASON_CANARY_PROMOTING, message)
+    return stalled, reconciling
 
 
 def _with_cause(detail: str, cause: Cause | None) -> str:

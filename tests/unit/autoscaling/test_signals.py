@@ -1,5 +1,6 @@
 """The grouped PromQL and its fan-out: one query for every service of a Prometheus."""
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,10 +31,11 @@ def test_gauges_survive_a_failed_scrape() -> None:
     """A failed scrape leaves a staleness marker as the newest point, which hides a series from
     an instant selector: the gauges are read over the window as well."""
     expressions = signal_expressions(60)
-    assert "max_over_time(timestamp(kiln_queue_depth)[60s:5s])" in expressions["freshest"]
+    stable = '{kiln_track!="canary"}'
+    assert f"max_over_time(timestamp(kiln_queue_depth{stable})[60s:5s])" in expressions["freshest"]
     live, fallback = expressions["queue_depth"].split(" or ")
-    assert live == "sum by (namespace, inferenceservice) (kiln_queue_depth)"
-    assert "last_over_time(kiln_queue_depth[60s])" in fallback
+    assert live == f"sum by (namespace, inferenceservice) (kiln_queue_depth{stable})"
+    assert f"last_over_time(kiln_queue_depth{stable}[60s])" in fallback
     assert "[15s:1s]" in signal_expressions(15)["freshest"]
 
 
@@ -83,3 +85,12 @@ def test_observation_per_service_from_one_snapshot() -> None:
     assert missing.metrics_error == "no kiln_queue_depth series for shop/other in Prometheus"
     down = observation(Snapshot(taken_at=0.0, error="refused"), ("shop", "ranker"), 1)
     assert down.metrics_error == "refused"
+
+
+def test_every_signal_is_the_stable_versions() -> None:
+    """A canary's pods (spec.rollout.canary) carry kiln_track="canary": their latency and load
+    never size the stable Deployment, and series without the label (no canary) all count."""
+    for signal, expression in signal_expressions(60).items():
+        selectors = re.findall(r"kiln_(?!track)[a-z_]+(\{[^}]*\})?", expression)
+        assert selectors, signal
+        assert all('kiln_track!="canary"' in selector for selector in selectors), signal

@@ -61,8 +61,10 @@ def test_the_cases_cover_each_health_and_every_testdata_file() -> None:
             "rollout-in-progress",
             "first-pod-warming",
             "prewarm-floor-warming",
+            "canary-progressing",
         },
         "Degraded": {
+            "canary-rolled-back",
             "invalid-spec",
             "warmup-failed",
             "rollout-stalled",

@@ -162,7 +162,10 @@ def test_names_subresources_and_printer_columns() -> None:
     assert subresources["status"] == {}
     assert subresources["scale"]["labelSelectorPath"] == ".status.selector"
     columns = [column["name"] for column in version()["additionalPrinterColumns"]]
-    assert columns == ["Ready", "Replicas", "Warm", "P99", "Queue", "URL", "Age"]
+    assert columns == [
+        *("Ready", "Replicas", "Warm", "P99", "Queue"),
+        *("Canary", "Step", "Share", "Verdict", "URL", "Age"),
+    ]
 
 
 def test_printer_columns_point_at_fields_that_exist() -> None:

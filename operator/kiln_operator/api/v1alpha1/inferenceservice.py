@@ -24,6 +24,7 @@ from kiln_operator.api.v1alpha1.model import DNS_SUBDOMAIN, ModelSpec
 from kiln_operator.api.v1alpha1.pod import PodSettings
 from kiln_operator.api.v1alpha1.profile import ResolvedProfile
 from kiln_operator.api.v1alpha1.resources import ResourcesSpec
+from kiln_operator.api.v1alpha1.rollout import RolloutSpec, RolloutStatus
 from kiln_operator.api.v1alpha1.route import RouteSpec
 from kiln_operator.api.v1alpha1.runtime import RuntimeSpec
 from kiln_operator.api.v1alpha1.warmup import WarmupSpec, WarmupStatus
@@ -60,6 +61,9 @@ class InferenceServiceSpec(ApiModel):
     environment variables."""
     route: RouteSpec = RouteSpec()
     """Exposure outside the cluster (opt-in): Gateway API routes or an Ingress."""
+    rollout: RolloutSpec = RolloutSpec()
+    """How a new version reaches the pods: at once (the default), or as a canary promoted or
+    rolled back by its measured p99 and errors."""
 
     @model_validator(mode="after")
     def _one_service_account(self) -> "InferenceServiceSpec":
@@ -204,6 +208,9 @@ class InferenceServiceStatus(ApiModel):
     """In-cluster host:port of the gRPC endpoint (Open Inference Protocol)."""
     autoscaling: AutoscalingStatus | None = None
     """The autoscaler's last decision and the metrics it saw."""
+    rollout: RolloutStatus | None = None
+    """The canary of the last new version (spec.rollout.canary): phase, step, shares, replicas
+    of both versions and the last verdict with its numbers."""
     warmup: WarmupStatus | None = None
     """Warm and failed pods and their cold-start times, from the warm-up gate."""
     profiles: Annotated[list[ResolvedProfile] | None, Field(max_length=2)] = None

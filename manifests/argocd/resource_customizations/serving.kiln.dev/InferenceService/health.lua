@@ -8,8 +8,10 @@
 --               operator that wrote no Stalled, the spec is invalid (InvalidSpec), a pod failed
 --               its warm-up, or ProgressDeadlineExceeded: none of these resolves by waiting.
 --   Progressing the operator has not yet judged the current generation, a rollout is under way,
---               or fewer pods are warm and ready than the floor (minReplicas, or an open
---               pre-warm window's floor).
+--               a canary is under way (Reconciling CanaryProgressing or CanaryPromoting: the
+--               stable version is Ready meanwhile), or fewer pods are warm and ready than the
+--               floor (minReplicas, or an open pre-warm window's floor). A rolled-back canary is
+--               Stalled (CanaryRolledBack), so Degraded until the spec changes.
 --   Healthy     Ready is True for the current generation and the floor's pods are ready;
 --               a service at minReplicas 0 is Healthy asleep (ScaledToZero) and while it wakes
 --               (Waking: Kiln's activator holds its requests), unless a pre-warm window's
@@ -92,6 +94,14 @@ end
 if ready.status ~= "True" then
   hs.status = "Progressing"
   hs.message = explain(ready)
+  return hs
+end
+
+local reconciling = condition(conditions, "Reconciling")
+if reconciling ~= nil and reconciling.status == "True" and reconciling.observedGeneration == generation
+    and (reconciling.reason == "CanaryProgressing" or reconciling.reason == "CanaryPromoting") then
+  hs.status = "Progressing"
+  hs.message = explain(reconciling)
   return hs
 end
 

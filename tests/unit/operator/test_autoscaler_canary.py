@@ -1,0 +1,165 @@
+"""The autoscaler's pass with spec.rollout.canary: it judges the canary, writes status.rollout
+under its own field manager, and is the one writer of both Deployments' replicas (the stable
+one sized for the step's share)."""
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kiln_operator.api.validation import parse_spec
+from kiln_operator.autoscaling.prometheus import Snapshot
+from kiln_operator.autoscaling.signals import ServiceSignals
+from kiln_operator.builders import Owner, build_deployment
+from kiln_operator.builders.canary import build_canary_deployment, revision_of
+from kiln_operator.k8s.autoscaler import ROLLOUT_FIELD_MANAGER, Autoscaler
+from kiln_operator.k8s.cache import ObjectCache
+from kiln_operator.rollout.machine import CanaryMetrics, TrackSignals
+from tests.unit.operator.conftest import load_sample
+
+T0 = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+OWNER = Owner(name="mlp", namespace="ns", uid="isvc-uid")
+URL = "http://prometheus.test"
+CANARY = {"serving.kiln.dev/track": "canary"}
+
+
+class RecordingKube:
+    def __init__(self) -> None:
+        self.statuses: list[tuple[str, dict[str, Any]]] = []
+        self.scales: dict[str, int] = {}
+        self.annotated: list[str] = []
+
+    async def apply_status(
+        self, resource: Any, namespace: str, name: str, status: dict[str, Any], manager: str
+    ) -> dict[str, Any]:
+        self.statuses.append((manager, status))
+        return {"metadata": {"name": name, "namespace": namespace, "resourceVersion": "9"}}
+
+    async def merge_patch(
+        self, resource: Any, namespace: str, name: str, patch: dict[str, Any], **_: Any
+    ) -> dict[str, Any]:
+        if "spec" in patch:
+            self.scales[name] = patch["spec"]["replicas"]
+        elif resource.plural == "pods":
+            self.annotated.append(name)
+        return {"metadata": {"name": name, "namespace": namespace, "resourceVersion": "9"}}
+
+
+class FixedSource:
+    """Prometheus as one window read: the stable version idle and fast, the canary as given."""
+
+    def __init__(self, canary: TrackSignals) -> None:
+        self.canary_signals = canary
+        self.windows: list[int] = []
+
+    async def snapshot(self, window_seconds: int, max_age_seconds: float) -> Snapshot:
+        signals = ServiceSignals(
+            freshest=T0.timestamp(), p99_seconds=0.004, requests_per_second=0.0, queue_depth=0.0
+        )
+        return Snapshot(time.monotonic(), services={("ns", "mlp"): signals})
+
+    async def canary(self, namespace: str, name: str, window_seconds: int) -> CanaryMetrics:
+        self.windows.append(window_seconds)
+        return CanaryMetrics(window_seconds, self.canary_signals, TrackSignals(900, 0, 0.004))
+
+    def load_by_pod(self, namespace: str, service: str, window_seconds: int) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def spec(version: str) -> dict[str, Any]:
+    body: dict[str, Any] = load_sample("minimal")["spec"]
+    body["autoscaling"] = {"minReplicas": 1, "maxReplicas": 6}  # the operator's Prometheus
+    body["rollout"] = {"canary": {"steps": [25, 50], "stepSeconds": 60}}
+    body["pod"] = {"annotations": {"example.com/version": version}}
+    return body
+
+
+def ready(deployment: dict[str, Any], replicas: int, uid: str) -> dict[str, Any]:
+    deployment["metadata"] |= {"uid": uid, "generation": 1}
+    deployment["spec"]["replicas"] = replicas
+    deployment["status"] = {
+        "observedGeneration": 1,
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+        "readyReplicas": replicas,
+        "availableReplicas": replicas,
+    }
+    return deployment
+
+
+def autoscaler_on_step_one(canary: TrackSignals) -> tuple[Autoscaler, RecordingKube, str]:
+    old, new = parse_spec("mlp", spec("1")), parse_spec("mlp", spec("2"))
+    stable = ready(build_deployment(old, OWNER, 3), 3, "stable-uid")  # type: ignore[arg-type]
+    desired = build_deployment(new, OWNER)  # type: ignore[arg-type]
+    revision = revision_of(desired)
+    cache = ObjectCache()
+    cache.store(
+        "inferenceservices",
+        {
+            "apiVersion": "serving.kiln.dev/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": "mlp", "namespace": "ns", "uid": "isvc-uid", "generation": 2},
+            "spec": spec("2"),
+            "status": {
+                "rollout": {
+                    "phase": "Progressing",
+                    "revision": revision,
+                    "step": 0,
+                    "steps": 2,
+                    "sharePercent": 25,
+                    "stepStartedAt": (T0 - timedelta(seconds=61)).isoformat(),
+                    "canaryReplicas": 1,
+                    "stableReplicas": 3,
+                }
+            },
+        },
+    )
+    cache.store("deployments", stable)
+    cache.store("deployments", ready(build_canary_deployment(desired, OWNER, 1), 1, "canary-uid"))
+    for pod, track in (("mlp-a", {}), ("mlp-b", {}), ("mlp-c", {}), ("mlp-canary-x", CANARY)):
+        labels = {"serving.kiln.dev/inferenceservice": "mlp", **track}
+        cache.store(
+            "pods",
+            {"metadata": {"name": pod, "namespace": "ns", "labels": labels}, "status": {}},
+        )
+    kube = RecordingKube()
+    autoscaler = Autoscaler(kube, cache, URL)  # type: ignore[arg-type]
+    autoscaler.sources[URL] = FixedSource(canary)  # type: ignore[assignment]
+    return autoscaler, kube, revision
+
+
+async def test_a_passed_step_moves_to_the_next_share_and_sizes_both_deployments() -> None:
+    autoscaler, kube, revision = autoscaler_on_step_one(TrackSignals(300, 0, 0.004))
+    evaluation = await autoscaler.evaluate("ns", "mlp", T0)
+    assert evaluation is not None and evaluation.rollout_changed
+    assert [e.reason for e in evaluation.rollout_events] == ["CanaryStepPassed"]
+    (written,) = [s for m, s in kube.statuses if m == ROLLOUT_FIELD_MANAGER]
+    rollout = written["rollout"]
+    assert (rollout["revision"], rollout["step"], rollout["sharePercent"]) == (revision, 1, 50)
+    assert rollout["lastVerdict"]["measuredSharePercent"] == 25.0
+    # The demand holds 3 replicas (the scale-down's stabilization); at 50 % that is 2 and 2,
+    # both written by the autoscaler, the stable count with the canary's share in its message.
+    assert (rollout["stableReplicas"], rollout["canaryReplicas"]) == (2, 2)
+    assert kube.scales == {"mlp": 2, "mlp-canary": 2}
+    assert "2 stable replicas keep the canary's share (the demand asks 3)" in (
+        evaluation.decision.message
+    )
+    # Before the stable scale-down, its own pods are marked (never a canary pod).
+    assert sorted(kube.annotated) == ["mlp-a", "mlp-b", "mlp-c"]
+    assert not any("rollout" in s for m, s in kube.statuses if m != ROLLOUT_FIELD_MANAGER)
+
+
+async def test_a_slow_canary_is_rolled_back_and_its_latency_never_scales_the_stable_one() -> None:
+    autoscaler, kube, _ = autoscaler_on_step_one(TrackSignals(300, 0, 0.045))
+    evaluation = await autoscaler.evaluate("ns", "mlp", T0)
+    assert evaluation is not None and evaluation.rollout_changed
+    assert [(e.type, e.reason) for e in evaluation.rollout_events] == [
+        ("Warning", "CanaryRolledBack")
+    ]
+    (written,) = [s for m, s in kube.statuses if m == ROLLOUT_FIELD_MANAGER]
+    assert written["rollout"]["phase"] == "RolledBack"
+    assert written["rollout"]["lastVerdict"]["reason"] == "CanarySlowerThanStable"
+    assert kube.scales == {}  # the reconcile loop deletes the canary; the stable one holds
+    assert evaluation.decision.desired_replicas == 3  # never up for the canary's 45 ms
