@@ -36,11 +36,11 @@ from kiln_operator.autoscaling.quiet import (
     status_needs_write,
 )
 from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState
-from kiln_operator.k8s.activator import Activators
 from kiln_operator.builders.canary import canary_name, revision_of
 from kiln_operator.builders.compare import needs_update
 from kiln_operator.builders.deployment import build_deployment
 from kiln_operator.builders.naming import Owner
+from kiln_operator.k8s.activator import Activators
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import KubeClient
 from kiln_operator.k8s.platform import PlatformObjects

@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 
 from kiln_operator import constants
 from kiln_operator.api.v1alpha1 import InferenceServiceSpec
-from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState
 from kiln_operator.api.v1alpha1.rollout import RolloutStatus
+from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState
 from kiln_operator.builders import (
     Owner,
     build_deployment,
