@@ -37,7 +37,7 @@ def test_a_traceparent_through_the_service_continues_into_the_pods_spans(
     if cluster.local is None:
         missing_component("Jaeger listens on the local node's bridge address: local only")
         return
-    name = "traced"
+    name = MODEL  # the runtime serves the model under its service's name
     with running_jaeger(NODE_IP, tmp_path) as (otlp, query):
         body = yaml.safe_load(inference_service(name, model))
         # ratio 0: only requests whose caller sampled them are traced (not the warm-up's)
