@@ -99,3 +99,19 @@ def describe(trace: dict[str, Any]) -> str:
         offset = span["startTime"] - root["startTime"]
         lines.append(f"  {stage:<8} +{offset:>5} µs  {span['duration']:>5} µs")
     return "\n".join(lines)
+
+
+def uncovered_by_stages(query: str, sent: list[tuple[str, str]], timeout: float) -> list[float]:
+    """Wait for each sent (trace id, parent) in Jaeger, check it (`check_trace`) and print it;
+    what the stages leave uncovered of each request's span (seconds)."""
+    gaps = []
+    for trace_id, parent in sent:
+        trace = wait_for(
+            lambda trace_id=trace_id: jaeger_trace(query, trace_id),  # type: ignore[misc]
+            timeout=timeout,
+            description=f"trace {trace_id} in Jaeger",
+        )
+        gaps.append(check_trace(trace, parent))
+        print(describe(trace))
+    print(f"uncovered by the stage spans (ms): {[round(g * 1000, 3) for g in gaps]}")
+    return gaps

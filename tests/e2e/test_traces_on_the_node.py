@@ -13,17 +13,14 @@ import tritonclient.http as httpclient
 import yaml
 
 from kiln_localcluster.node import NODE_IP
-from kiln_localcluster.waiting import wait_for
 from tests.e2e.conftest import E2ECluster, Model, service_address
 from tests.e2e.test_real_node import GRPC, HTTP, MODEL, apply_manifest_and_serve, inference_service
 from tests.gotools import FIRST_BUILD_TEST_TIMEOUT
 from tests.jaeger import (
     UNACCOUNTED_BOUND_SECONDS,
-    check_trace,
-    describe,
-    jaeger_trace,
     running_jaeger,
     traceparent,
+    uncovered_by_stages,
 )
 from tests.sessioncluster import missing_component
 
@@ -65,14 +62,5 @@ def test_a_traceparent_through_the_service_continues_into_the_pods_spans(
             )  # fmt: skip
             grpc.close()
             sent.append((trace_id, parent))
-        gaps = []
-        for trace_id, parent in sent:
-            trace = wait_for(
-                lambda trace_id=trace_id: jaeger_trace(query, trace_id),  # type: ignore[misc]
-                timeout=60,
-                description=f"trace {trace_id} in Jaeger, exported by the pod",
-            )
-            gaps.append(check_trace(trace, parent))
-            print(describe(trace))
-        print(f"uncovered by the stage spans (ms): {[round(g * 1000, 3) for g in gaps]}")
+        gaps = uncovered_by_stages(query, sent, timeout=60)
         assert max(gaps) <= UNACCOUNTED_BOUND_SECONDS

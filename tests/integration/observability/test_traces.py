@@ -14,17 +14,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 
-from kiln_localcluster.waiting import wait_for
 from kiln_runtime.examples import write_example
 from tests.gotools import FIRST_BUILD_TEST_TIMEOUT
 from tests.integration.runtime.runtime_process import HOST, Runtime, running
 from tests.jaeger import (
     UNACCOUNTED_BOUND_SECONDS,
-    check_trace,
-    describe,
-    jaeger_trace,
     running_jaeger,
     traceparent,
+    uncovered_by_stages,
 )
 
 # the fixture may build Jaeger first (minutes on a fresh machine; e2e/gotools caches it)
@@ -89,16 +86,7 @@ def test_a_request_with_a_traceparent_is_traced_stage_by_stage_in_jaeger(
     assert untraced.getresponse().status == 200
     untraced.close()
 
-    gaps = []
-    for trace_id, parent in sent:
-        trace = wait_for(
-            lambda trace_id=trace_id: jaeger_trace(query, trace_id),  # type: ignore[misc]
-            timeout=30,
-            description=f"trace {trace_id} in Jaeger",
-        )
-        gaps.append(check_trace(trace, parent))
-        print(describe(trace))
-    print(f"uncovered by the stage spans (ms): {[round(g * 1000, 3) for g in gaps]}")
+    gaps = uncovered_by_stages(query, sent, timeout=30)
     assert max(gaps) <= UNACCOUNTED_BOUND_SECONDS
     with urllib.request.urlopen(
         f"{query}/api/traces?service=kiln-runtime&limit=100", timeout=5
