@@ -30,10 +30,11 @@ import statistics
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import loadgen, servers
+from bench import loadgen, proc, servers
 from bench.run import CLIENT_CORE, PATHS, SERVER_CORE, raw_forward, steal_seconds
 from kiln_runtime.examples import example_input, write_example
 
@@ -89,6 +90,7 @@ def one_run(
     return {
         "throughput": result.throughput,
         "p50_ms": result.p50_ms,
+        "p99_ms": result.p99_ms,
         "server_us": result.server_us_per_request,
         "client_cpu": result.client_cpu,
         "batch": (rows_after - rows_before) / batches if batches else 0.0,
@@ -123,6 +125,98 @@ def paired_ratios(
     return paired
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One side of an A/B: a directory holding a ``kiln_runtime`` package, and config sections
+    added to the model's (``{"tracing": {...}}``: the same code, configured otherwise)."""
+
+    name: str
+    code: Path
+    sections: dict[str, Any] = field(default_factory=dict)
+
+
+Results = dict[tuple[str, str, int], list[dict[str, float]]]
+
+
+def run_rounds(
+    variants: list[Variant],
+    *,
+    model: str,
+    paths: list[str],
+    concurrency: list[int],
+    rounds: int,
+    seconds: float,
+    precision: str = "fp32",
+    minimal_config: bool = False,
+    raw_forward_rows: list[float] | None = None,
+) -> Results:
+    """Every variant's server up for the whole session on the server core; the load goes to one
+    at a time, round by round, in an order reversed every round. ``raw_forward_rows``, when
+    given, gets the raw batch-16 forward's rows/s before and after the rounds."""
+    int8 = precision == "int8"
+    optimization = {"precision": precision} if int8 else {}
+    x = example_input(model, 1).numpy()
+    results: Results = {}
+    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
+        model_dir = Path(scratch) / model
+        write_example(model, model_dir)
+        if minimal_config:
+            config = json.loads((model_dir / "config.json").read_text())
+            kept = {k: v for k, v in config.items() if k in MINIMAL_SECTIONS}
+            (model_dir / "config.json").write_text(json.dumps(kept))
+        running: dict[str, servers.Server] = {}
+        for variant in variants:
+            print(
+                f"{variant.name}: {variant.code}, {servers.build_of(variant.code)} build"
+                + (f", {json.dumps(variant.sections)}" if variant.sections else ""),
+                flush=True,
+            )
+            log = Path(scratch) / f"{len(running)}.log"
+            running[variant.name] = stack.enter_context(
+                servers.kiln(
+                    model_dir, model, SERVER_CORE, log, optimization, code=variant.code,
+                    sections=variant.sections,
+                )
+            )  # fmt: skip
+        if raw_forward_rows is not None:
+            seconds16 = raw_forward(model_dir / "model.pt", model, int8, [16])["16"]
+            raw_forward_rows.append(16 / seconds16)
+        for server in running.values():  # connections made, first batches run
+            for path in paths:
+                one_run(server, model, x, path, clients=max(concurrency), seconds=1.0)
+        for round_number in range(rounds):
+            order = list(running) if round_number % 2 == 0 else list(reversed(running))
+            for path in paths:
+                for clients in concurrency:
+                    for name in order:
+                        run = one_run(
+                            running[name], model, x, path, clients=clients, seconds=seconds
+                        )
+                        results.setdefault((name, path, clients), []).append(run)
+                        print(
+                            f"round {round_number + 1} {name:10} {path:21} c={clients:<3} "
+                            f"{run['throughput']:8.1f} req/s p50 {run['p50_ms']:7.3f} ms "
+                            f"p99 {run['p99_ms']:7.3f} ms "
+                            f"server {run['server_us']:6.0f} us/req batch {run['batch']:5.2f} "
+                            f"({run['compute_ms']:.2f} ms) "
+                            f"client {run['client_cpu']:.2f} steal {run['steal']:.0%} "
+                            f"load {run['load']:.1f} errors {run['errors']:.0f}",
+                            flush=True,
+                        )
+        if raw_forward_rows is not None:
+            seconds16 = raw_forward(model_dir / "model.pt", model, int8, [16])["16"]
+            raw_forward_rows.append(16 / seconds16)
+    return results
+
+
+def medians(results: Results) -> dict[tuple[str, str, int], dict[str, float]]:
+    """Per variant, path and concurrency: the median of each figure over the rounds."""
+    return {
+        key: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        for key, runs in results.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--variant", action="append", required=True, metavar="NAME=DIR",
@@ -145,55 +239,16 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     servers.exit_on_sigterm()
-    variants = [(n, Path(d).resolve()) for n, d in (v.split("=", 1) for v in args.variant)]
+    proc.match_autogroup(os.getpid())
+    variants = [Variant(n, Path(d).resolve()) for n, d in (v.split("=", 1) for v in args.variant)]
     os.sched_setaffinity(0, {CLIENT_CORE})
-    int8 = args.precision == "int8"
-    optimization = {"precision": args.precision} if int8 else {}
-    x = example_input(args.model, 1).numpy()
-    results: dict[tuple[str, str, int], list[dict[str, float]]] = {}
-    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
-        model_dir = Path(scratch) / args.model
-        write_example(args.model, model_dir)
-        if args.minimal_config:
-            config = json.loads((model_dir / "config.json").read_text())
-            kept = {k: v for k, v in config.items() if k in MINIMAL_SECTIONS}
-            (model_dir / "config.json").write_text(json.dumps(kept))
-        running = {}
-        for name, code in variants:
-            print(f"{name}: {code}, {servers.build_of(code)} build", flush=True)
-            log = Path(scratch) / f"{name}.log"
-            running[name] = stack.enter_context(
-                servers.kiln(model_dir, args.model, SERVER_CORE, log, optimization, code=code)
-            )
-        raw_rows: list[float] = []  # the raw batch-16 forward's rows/s, before and after
-        if args.raw_forward:
-            seconds16 = raw_forward(model_dir / "model.pt", args.model, int8, [16])["16"]
-            raw_rows.append(16 / seconds16)
-        for server in running.values():  # connections made, first batches run
-            for path in args.paths:
-                one_run(server, args.model, x, path, clients=max(args.concurrency), seconds=1.0)
-        for round_number in range(args.rounds):
-            order = list(running) if round_number % 2 == 0 else list(reversed(running))
-            for path in args.paths:
-                for clients in args.concurrency:
-                    for name in order:
-                        run = one_run(
-                            running[name], args.model, x, path, clients=clients,
-                            seconds=args.seconds,
-                        )  # fmt: skip
-                        results.setdefault((name, path, clients), []).append(run)
-                        print(
-                            f"round {round_number + 1} {name:10} {path:21} c={clients:<3} "
-                            f"{run['throughput']:8.1f} req/s p50 {run['p50_ms']:7.3f} ms "
-                            f"server {run['server_us']:6.0f} us/req batch {run['batch']:5.2f} "
-                            f"({run['compute_ms']:.2f} ms) "
-                            f"client {run['client_cpu']:.2f} steal {run['steal']:.0%} "
-                            f"load {run['load']:.1f} errors {run['errors']:.0f}",
-                            flush=True,
-                        )
-        if args.raw_forward:
-            seconds16 = raw_forward(model_dir / "model.pt", args.model, int8, [16])["16"]
-            raw_rows.append(16 / seconds16)
+    raw_rows: list[float] = []
+    results = run_rounds(
+        variants, model=args.model, paths=args.paths, concurrency=args.concurrency,
+        rounds=args.rounds, seconds=args.seconds, precision=args.precision,
+        minimal_config=args.minimal_config,
+        raw_forward_rows=raw_rows if args.raw_forward else None,
+    )  # fmt: skip
     if raw_rows:
         raw16 = statistics.mean(raw_rows)
         print(
@@ -204,17 +259,17 @@ def main() -> None:
             print(f"{name} {path} c={clients}: x raw forward per round {shares}")
     print("\nmedians over the rounds:")
     print(
-        "| variant | path | clients | req/s | p50 ms | server µs/req | batch | batch ms | steal |"
+        "| variant | path | clients | req/s | p50 ms | p99 ms | server µs/req | batch | batch ms "
+        "| steal |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for (name, path, clients), runs in results.items():
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (name, path, clients), med in medians(results).items():
         print(
             f"| {name} | {path} | {clients} | {med['throughput']:.0f} | {med['p50_ms']:.3f} | "
-            f"{med['server_us']:.0f} | {med['batch']:.2f} | {med['compute_ms']:.2f} | "
-            f"{med['steal']:.0%} |"
+            f"{med['p99_ms']:.3f} | {med['server_us']:.0f} | {med['batch']:.2f} | "
+            f"{med['compute_ms']:.2f} | {med['steal']:.0%} |"
         )
-    base = variants[0][0]
+    base = variants[0].name
     print(f"\nthroughput over {base}'s in the same round (rounds won, geometric mean, each round):")
     for name, path, clients, ratios, mean in paired_ratios(results, base):
         won = sum(r > 1 for r in ratios)

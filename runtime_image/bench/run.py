@@ -37,7 +37,7 @@ import numpy as np
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 
-from bench import loadgen, overload, servers
+from bench import loadgen, overload, proc, servers
 from bench import profile as profiling
 from bench.report import write_report
 from kiln_runtime.examples import example_input, write_example
@@ -356,6 +356,7 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     servers.exit_on_sigterm()
+    proc.match_autogroup(os.getpid())
     if args.quick:
         args.seconds, args.overload_seconds = 1.0, 3.0
     started = time.monotonic()
@@ -364,7 +365,8 @@ def main() -> None:
     results: dict[str, Any] = {
         "host": {"cpus": os.cpu_count(), "machine": platform.machine(),
                  "python": platform.python_version(),
-                 "runtime_build": servers.build_of(servers.BENCH_DIR.parent)},
+                 "runtime_build": servers.build_of(servers.BENCH_DIR.parent),
+                 "nice": os.nice(0)},
         "seconds_per_run": args.seconds,
         "paths": args.paths,
         "models": {},

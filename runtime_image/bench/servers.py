@@ -165,6 +165,7 @@ def triton(
         process = subprocess.Popen(
             command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
+    proc.match_autogroup(process.pid)
     server = Server("triton", process, *ports)
     try:
         _wait_ready(server, f"/v2/models/{name}/ready", 180)

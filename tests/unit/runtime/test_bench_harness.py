@@ -7,6 +7,8 @@ is what turns its numbers into the report's verdicts.
 """
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import ab, abuse_page, client_ceiling, loadgen, proc, report, run, servers
+from bench import ab, abuse_page, client_ceiling, loadgen, proc, report, run, servers, tracing_ab
 from bench import profile as profiling
 from kiln_runtime.protocol.rest import decode_infer
 
@@ -354,6 +356,40 @@ def test_an_ab_pairs_each_variant_with_the_first_round_by_round() -> None:
     assert mean == pytest.approx((1.1 * 1.1 * 0.9) ** (1 / 3))
 
 
+def test_tracing_is_judged_by_paired_rounds_against_the_runtime_without_it(
+    tmp_path: Path,
+) -> None:
+    def runs(*throughputs: float) -> list[dict[str, float]]:
+        return [
+            {"throughput": t, "p50_ms": 1.0, "p99_ms": 2.0, "server_us": 100.0} for t in throughputs
+        ]
+
+    measured = {}
+    for path in tracing_ab.PATHS:
+        measured[("before tracing", path, 16)] = runs(1000, 2000)  # the host twice as fast
+        measured[("off", path, 16)] = runs(1000, 1980)  # 0.995x in the mean: met
+        measured[("on 1 %", path, 16)] = runs(900, 1782)  # 0.9x off: missed
+
+    summary = tracing_ab.summarize(measured, rounds=2, seconds=5.0)
+    checks = report.tracing_targets(summary)
+
+    assert [met for _, _, met in checks] == [True, True, False, False]
+    assert "0.995x over 2 rounds" in checks[0][1]
+    page = results({})
+    page["tracing_ab"] = summary
+    report.write_report(page, tmp_path / "runtime.md")
+    text = (tmp_path / "runtime.md").read_text()
+    assert "## Tracing's cost (A/B in one run)" in text
+    assert "| on 1 % | off | gRPC raw frames (h2load) | 0.900, 0.900 | 0.900x |" in text
+
+
+def test_the_report_says_when_the_run_stood_above_the_hosts_other_work(tmp_path: Path) -> None:
+    page = results({})
+    page["host"]["nice"] = -20
+    report.write_report(page, tmp_path / "runtime.md")
+    assert "at nice -20" in (tmp_path / "runtime.md").read_text()
+
+
 def _ceiling_results(throughputs: dict[str, list[float]]) -> dict[str, Any]:
     """A client-ceiling run of tritonclient.grpc.aio at 16 clients, one row per round."""
     rounds = len(next(iter(throughputs.values())))
@@ -448,3 +484,19 @@ def test_the_cache_page_reads_the_targets_off_its_measurements() -> None:
     assert "**A hit's server time**: 31.5 µs" in page
     assert "+1.3%" in page  # 152 against 150
     assert "2.5 µs, 1.7% of a request" in page
+
+
+def test_a_benchmark_under_a_negative_nice_gives_its_session_the_same_weight() -> None:
+    """Run in a session of its own, as the benchmark's servers are: its autogroup takes the
+    nice value, or (a kernel without autogroups) the call says it did nothing."""
+    script = (
+        "import os, pathlib; from bench import proc; os.nice(-5); "
+        "done = proc.match_autogroup(os.getpid()); "
+        "group = pathlib.Path('/proc/self/autogroup'); "
+        "print(done, group.read_text().split()[-1] if group.exists() else 'none')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=servers.BENCH_DIR.parent, capture_output=True,
+        text=True, check=True, start_new_session=True,
+    ).stdout.split()  # fmt: skip
+    assert out in (["True", "-5"], ["False", "none"])
