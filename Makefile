@@ -182,10 +182,10 @@ $(BENCH_VENV)/.installed: runtime_image/pyproject.toml
 	  > "$$($(BENCH_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-kiln-main-venv.pth"
 	touch $@
 
-bench-runtime: venv native $(BENCH_VENV)/.installed ## kiln_runtime vs Triton (pytriton), loopback, py-spy profiles, and tracing's cost A/B (before tracing / off / 1 % to Jaeger) -> docs/benchmarks/runtime.md
+bench-runtime: venv native $(BENCH_VENV)/.installed ## kiln_runtime vs Triton (pytriton), loopback, py-spy profiles, and today against its history A/B (before issue 39, before tracing, off, 1 % traced to Jaeger) -> docs/benchmarks/runtime.md
 	bash runtime_image/bench/system-deps.sh
 	cd runtime_image && ../$(PY) -m bench.run --out ../docs/benchmarks --triton-python ../$(BENCH_VENV)/bin/python --profile
-	cd runtime_image && ../$(PY) -m bench.tracing_ab --out ../docs/benchmarks
+	cd runtime_image && ../$(PY) -m bench.history_ab --out ../docs/benchmarks
 
 bench-client-ceiling: venv native $(BENCH_VENV)/.installed ## The Python clients against a server that answers in no time, beside Kiln and Triton (3 rounds) -> docs/benchmarks/client-ceiling.md
 	cd runtime_image && ../$(PY) -m bench.client_ceiling --out ../docs/benchmarks --triton-python ../$(BENCH_VENV)/bin/python

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import ab, abuse_page, client_ceiling, loadgen, proc, report, run, servers, tracing_ab
+from bench import ab, abuse_page, client_ceiling, history_ab, loadgen, proc, report, run, servers
 from bench import profile as profiling
 from kiln_runtime.protocol.rest import decode_infer
 
@@ -356,31 +356,44 @@ def test_an_ab_pairs_each_variant_with_the_first_round_by_round() -> None:
     assert mean == pytest.approx((1.1 * 1.1 * 0.9) ** (1 / 3))
 
 
-def test_tracing_is_judged_by_paired_rounds_against_the_runtime_without_it(
-    tmp_path: Path,
-) -> None:
+def test_today_is_judged_by_paired_rounds_against_its_history(tmp_path: Path) -> None:
     def runs(*throughputs: float) -> list[dict[str, float]]:
         return [
             {"throughput": t, "p50_ms": 1.0, "p99_ms": 2.0, "server_us": 100.0} for t in throughputs
         ]
 
     measured = {}
-    for path in tracing_ab.PATHS:
-        measured[("before tracing", path, 16)] = runs(1000, 2000)  # the host twice as fast
-        measured[("off", path, 16)] = runs(1000, 1980)  # 0.995x in the mean: met
-        measured[("on 1 %", path, 16)] = runs(900, 1782)  # 0.9x off: missed
+    for path in history_ab.PATHS:
+        # the host twice as fast in round 2; today loses 5 % then wins 3 % against issue 39's
+        # base: within the noise; against the tracing base 0.995x (met); traced 0.9x (missed)
+        measured[("before issue 39", path, 16)] = runs(1000, 2000)
+        measured[("before tracing", path, 16)] = runs(955, 1990)
+        measured[(history_ab.OFF, path, 16)] = runs(950, 1980)
+        measured[(history_ab.TRACED, path, 16)] = runs(855, 1782)
 
-    summary = tracing_ab.summarize(measured, rounds=2, seconds=5.0)
-    checks = report.tracing_targets(summary)
+    summary = history_ab.summarize(measured, rounds=2, seconds=5.0)
+    checks = report.history_targets(summary)
 
-    assert [met for _, _, met in checks] == [True, True, False, False]
-    assert "0.995x over 2 rounds" in checks[0][1]
+    assert [met for _, _, met in checks] == [True, True, True, True, False, False]
+    assert "no throughput lost to the runtime's limits beyond the noise" in checks[0][0]
     page = results({})
-    page["tracing_ab"] = summary
+    page["history_ab"] = summary
     report.write_report(page, tmp_path / "runtime.md")
     text = (tmp_path / "runtime.md").read_text()
-    assert "## Tracing's cost (A/B in one run)" in text
-    assert "| on 1 % | off | gRPC raw frames (h2load) | 0.900, 0.900 | 0.900x |" in text
+    assert "## Today's runtime against its history (A/B in one run)" in text
+    assert (
+        f"| {history_ab.TRACED} | {history_ab.OFF} | gRPC raw frames (h2load) | 0.900, 0.900 |"
+        in (text)
+    )
+
+
+def test_a_paired_ratio_interval_widens_with_the_rounds_spread() -> None:
+    low, mean, high = history_ab.ratio_interval([0.95, 1.03])
+    assert low < mean < high and low < 1 < high
+    tight = history_ab.ratio_interval([0.95, 0.95, 0.95])
+    assert tight == pytest.approx((0.95, 0.95, 0.95))
+    wide = history_ab.ratio_interval([0.90, 0.95, 1.00])
+    assert wide[0] < 0.90 and wide[2] > 1.0
 
 
 def test_the_report_says_when_the_run_stood_above_the_hosts_other_work(tmp_path: Path) -> None:
