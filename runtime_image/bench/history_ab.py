@@ -74,7 +74,7 @@ def runtime_at(revision: str, scratch: Path) -> Path:
     return code
 
 
-def measure(rounds: int, seconds: float) -> dict[str, Any]:
+def measure(rounds: int, seconds: float, *, today_only: bool = False) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))  # tests.jaeger: the trace backend the tests use
     from tests.jaeger import running_jaeger
 
@@ -87,7 +87,7 @@ def measure(rounds: int, seconds: float) -> dict[str, Any]:
         ),
     ):
         variants = []
-        for number, (name, revision) in enumerate(HISTORY.items()):
+        for number, (name, revision) in enumerate({} if today_only else HISTORY.items()):
             print(f"compiling the runtime at {revision} ({name})", flush=True)
             variants.append(ab.Variant(name, runtime_at(revision, Path(scratch) / str(number))))
         today = servers.BENCH_DIR.parent
@@ -108,6 +108,8 @@ def summarize(results: ab.Results, rounds: int, seconds: float) -> dict[str, Any
     ]
     ratios = []
     for name, base, target in COMPARED:
+        if (name, PATHS[0], CLIENTS) not in results or (base, PATHS[0], CLIENTS) not in results:
+            continue  # a run of today's variants only
         for path in PATHS:
             pairs = [
                 run["throughput"] / ref["throughput"]
@@ -143,13 +145,24 @@ def ratio_interval(ratios: list[float]) -> tuple[float, float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, help="the page's directory (runtime.json there)")
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--today-only", action="store_true",
+        help="only today's runtime, tracing off and 1 %% traced (no old runtime compiled): "
+        "more rounds in the same time; prints the ratios, writes no page",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.out is None and not args.today_only:
+        parser.error("--out is required unless --today-only")
     servers.exit_on_sigterm()
     proc.match_autogroup(os.getpid())
-    summary = measure(args.rounds, args.seconds)
+    summary = measure(args.rounds, args.seconds, today_only=args.today_only)
+    if args.today_only:
+        print(json.dumps({"rows": summary["rows"], "ratios": summary["ratios"]}, indent=1))
+        return
+    assert args.out is not None
     data_file = args.out / "runtime.json"
     results = json.loads(data_file.read_text())
     results["history_ab"] = summary
