@@ -102,64 +102,69 @@ class Tracing:
         self._child("decode", root, times.started, decoded)
         if times.encode_started:
             self._child("encode", root, times.encode_started, times.ended)
-        self._processor.on_end(
-            ReadableSpan(
-                "kiln.infer",
-                context=root,
-                parent=parent,
-                resource=self._resource,
-                attributes={
-                    "kiln.model": self._model,
-                    "rpc.system": times.protocol,
-                    "kiln.code": times.code,
-                },
-                kind=SpanKind.SERVER,
-                status=Status(StatusCode.UNSET)
-                if times.code == "ok"
-                else Status(StatusCode.ERROR, times.code),
-                start_time=self._ns(times.started),
-                end_time=self._ns(times.ended),
-                instrumentation_scope=self._scope,
-            )
+        self._finished(
+            "kiln.infer",
+            root,
+            times.started,
+            times.ended,
+            parent=parent,
+            attributes={
+                "kiln.model": self._model,
+                "rpc.system": times.protocol,
+                "kiln.code": times.code,
+            },
+            kind=SpanKind.SERVER,
+            status=None if times.code == "ok" else Status(StatusCode.ERROR, times.code),
         )
 
     def _child(
         self, name: str, parent: SpanContext, start: float, end: float, link: Link | None = None
     ) -> None:
-        self._processor.on_end(
-            ReadableSpan(
-                name,
-                context=_context(parent.trace_id),
-                parent=parent,
-                resource=self._resource,
-                links=(link,) if link else (),
-                start_time=self._ns(start),
-                end_time=self._ns(max(start, end)),
-                instrumentation_scope=self._scope,
-            )
-        )
+        context = _context(parent.trace_id)
+        self._finished(name, context, start, max(start, end), parent=parent, link=link)
 
     def _batch_span(self, batch: BatchTimes) -> SpanContext:
         if batch.span is None:
             context = _context(_trace_id())
-            self._processor.on_end(
-                ReadableSpan(
-                    "kiln.batch",
-                    context=context,
-                    resource=self._resource,
-                    attributes={
-                        "kiln.model": self._model,
-                        "kiln.batch.rows": batch.rows,
-                        "kiln.batch.requests": batch.requests,
-                    },
-                    start_time=self._ns(batch.started),
-                    end_time=self._ns(batch.ended),
-                    instrumentation_scope=self._scope,
-                )
-            )
+            attributes: dict[str, str | int] = {
+                "kiln.model": self._model,
+                "kiln.batch.rows": batch.rows,
+                "kiln.batch.requests": batch.requests,
+            }
+            self._finished("kiln.batch", context, batch.started, batch.ended, attributes=attributes)
             batch.span = context
         made: SpanContext = batch.span
         return made
+
+    def _finished(
+        self,
+        name: str,
+        context: SpanContext,
+        start: float,
+        end: float,
+        *,
+        parent: SpanContext | None = None,
+        attributes: dict[str, str | int] | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        status: Status | None = None,
+        link: Link | None = None,
+    ) -> None:
+        """One span, already ended, to the batch processor."""
+        self._processor.on_end(
+            ReadableSpan(
+                name,
+                context=context,
+                parent=parent,
+                resource=self._resource,
+                attributes=attributes,
+                links=(link,) if link else (),
+                kind=kind,
+                status=status or Status(StatusCode.UNSET),
+                start_time=self._ns(start),
+                end_time=self._ns(end),
+                instrumentation_scope=self._scope,
+            )
+        )
 
     def shutdown(self) -> None:
         """Export what is queued (bounded by the exporter's timeout), then stop."""
