@@ -401,7 +401,7 @@ class Autoscaler:
                 metrics=metrics,
                 canary_replicas=live_canary or 0,
                 stable_replicas=int(stable["spec"].get("replicas", 1)),
-                stable_ready=int((stable.get("status") or {}).get("readyReplicas") or 0),
+                stable_ready=_stable_ready(stable),
                 step_replicas=step_replicas,
             ),
             now,
@@ -593,3 +593,10 @@ def _canary_ready(canary: dict[str, Any] | None, revision: str) -> int:
     if not state.observed or state.replicas != state.updated:
         return 0
     return int((canary.get("status") or {}).get("readyReplicas") or 0)
+
+
+def _stable_ready(stable: dict[str, Any]) -> int:
+    """Ready pods of the stable Deployment, once its controller has seen its replicas (0 before:
+    a count of the previous size is no evidence the new one is reached)."""
+    state = rollout_state(stable)
+    return state.ready if state.observed else 0
