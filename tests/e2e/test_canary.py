@@ -4,11 +4,13 @@ A good canary (the same model, another pod template) is promoted through every s
 failed request, and the share of requests each step's canary answered (the runtimes' own
 counters, read by the operator from Prometheus over the step's window, which starts when both
 Deployments are at the step's sizes and ready) is within 10 percentage points of the declared
-one. A slow canary (a model that computes about 30 ms per batch on a whole core, so much more
-under its pod's 250m CPU limit) is rolled back within its first step's window, with no failed
-request and the stable version serving throughout. A canary whose model passes the warm-up gate
-(noise) and its runtime's own warm-up (zeros) but fails on marked inputs is rolled back for its
-errors; every failed call is the canary's own error, none after it is gone.
+one. On another service, two bad versions one after the other: a slow canary (a model that
+computes about 30 ms per batch on a whole core, so much more under its pod's 250m CPU limit) is
+rolled back within its first step's window with no failed request, then a canary whose model
+passes the warm-up gate (noise) and its runtime's own warm-up (zeros) but fails on marked inputs
+is rolled back for its errors; the stable version serves throughout (every failed call is the
+canary's own error, none after it is gone). The two bad versions share a service to keep the
+module's time down (a service's first warm pod costs about half a minute here).
 
 Why it exists: the split by ready replicas is only real under kube-proxy, the warm-up gate and
 the runtime's drain, and the verdict only under real latency and real failures: none of them run
@@ -261,29 +263,69 @@ def local_only(cluster: E2ECluster) -> bool:
     return True
 
 
-def test_a_slow_canary_is_rolled_back_within_one_step_with_no_failed_request(
+def stalled_by_rollback(cluster: E2ECluster, namespace: str, name: str) -> None:
+    conditions = cluster.get_json("inferenceservice", name, "-n", namespace)["status"]["conditions"]
+    by_type = {c["type"]: c for c in conditions}
+    assert (by_type["Stalled"]["status"], by_type["Stalled"]["reason"]) == (
+        "True",
+        "CanaryRolledBack",
+    )
+    assert by_type["Ready"]["status"] == "True"
+
+
+def test_a_slow_canary_then_one_that_errors_are_rolled_back_while_the_stable_version_serves(
     cluster: E2ECluster, namespace: str, model: Model
 ) -> None:
+    """One service, two bad versions one after the other (a new spec after a rollback starts a
+    new canary): a slow one is rolled back within its first step's window with no failed call;
+    one that errors on marked inputs is rolled back for its errors, every failed call being the
+    canary's own error and none after it is gone."""
     if not local_only(cluster):
         return
     assert model.claim is not None
     models = STATE_DIR / "models" / namespace
     batch_seconds = write_slow_model(models / "slow")
-    name = "slow"
+    write_failing_model(models / "failing")
+    name = "bad"
     serving(cluster, namespace, name, canary_spec(name, model))
-    with service_address(cluster, namespace, name) as address, traffic(address[HTTP]) as load:
-        time.sleep(5)
-        slow = canary_spec(name, model, uri="pvc://models/slow/model.pt", version="2")
-        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=slow)
-        status = wait_for(
-            lambda: rolled_back(cluster, namespace, name),
-            timeout=300, interval=2, description="the slow canary rolled back",
-        )  # fmt: skip
-        wait_for(
-            lambda: not deployment_exists(cluster, namespace, f"{name}-canary"),
-            timeout=60, interval=2, description="the canary Deployment removed",
-        )  # fmt: skip
-        time.sleep(5)  # the stable version serves on
+    with service_address(cluster, namespace, name) as address:
+        calls = MarkedCalls(address[HTTP])
+        with traffic(address[HTTP], calls) as load:
+            time.sleep(3)
+            slow = canary_spec(name, model, uri="pvc://models/slow/model.pt", version="2")
+            cluster.kubectl("apply", "-n", namespace, "-f", "-", input=slow)
+            status = wait_for(
+                lambda: rolled_back(cluster, namespace, name),
+                timeout=300, interval=2, description="the slow canary rolled back",
+            )  # fmt: skip
+            wait_for(
+                lambda: not deployment_exists(cluster, namespace, f"{name}-canary"),
+                timeout=60, interval=2, description="the slow canary's Deployment removed",
+            )  # fmt: skip
+            time.sleep(3)  # the stable version serves on
+            stalled_by_rollback(cluster, namespace, name)
+            answered_slow = load.answered
+            failures_slow = list(calls.failures)
+
+            failing = canary_spec(name, model, uri="pvc://models/failing/model.pt", version="3")
+            cluster.kubectl("apply", "-n", namespace, "-f", "-", input=failing)
+            errored = wait_for(
+                lambda: (
+                    (found := rolled_back(cluster, namespace, name)) is not None
+                    and found["revision"] != status["revision"]
+                    and found
+                ),
+                timeout=300, interval=2, description="the failing canary rolled back",
+            )  # fmt: skip
+            wait_for(
+                lambda: not deployment_exists(cluster, namespace, f"{name}-canary"),
+                timeout=60, interval=2, description="the failing canary's Deployment removed",
+            )  # fmt: skip
+            gone = time.monotonic()
+            answered_when_gone = load.answered
+            time.sleep(5)  # marked and unmarked calls go on, all to the stable version
+            stalled_by_rollback(cluster, namespace, name)
+
     verdict = status["lastVerdict"]
     assert verdict["result"] == "Fail"
     assert verdict["reason"] in ("CanarySlowerThanStable", "CanarySloBreached"), verdict
@@ -292,19 +334,32 @@ def test_a_slow_canary_is_rolled_back_within_one_step_with_no_failed_request(
     # Within the first step's window (an SLO breach is judged at once, even before the window
     # starts; one autoscaler pass, 5 s, is the resolution).
     assert judged <= STEP_SECONDS + 5, status
-    assert load.failures == [], load.failures[:5]
-    assert load.answered > 100
-    stalled = cluster.get_json("inferenceservice", name, "-n", namespace)["status"]["conditions"]
-    by_type = {c["type"]: c for c in stalled}
-    assert (by_type["Stalled"]["status"], by_type["Stalled"]["reason"]) == (
-        "True",
-        "CanaryRolledBack",
-    )
-    assert by_type["Ready"]["status"] == "True"
+    assert failures_slow == [], failures_slow[:5]
+    assert answered_slow > 100
     print(
         f"\nslow canary ({batch_seconds * 1000:.0f} ms per batch here) rolled back after "
         f"{judged:.0f} s of its {STEP_SECONDS} s window: {verdict['message']}; "
-        f"{load.answered} calls, 0 failed"
+        f"{answered_slow} calls, 0 failed"
+    )
+
+    verdict = errored["lastVerdict"]
+    assert (verdict["result"], verdict["reason"]) == ("Fail", "CanaryErrors"), verdict
+    assert verdict["canaryErrorRatio"] > 0.01, verdict
+    assert errored["step"] == 0
+    # The stable version served throughout: every failed call is the canary model's own error
+    # (a clean call batched with a marked one on a canary pod fails with it), none is a refused
+    # or dropped connection, and none came after the canary was gone.
+    failed = calls.failures[len(failures_slow) :]
+    assert failed, "no call reached the failing canary"
+    assert all(FAILURE_TEXT in message for _, _, message in failed), failed[:5]
+    late = [failure for failure in failed if failure[0] > gone]
+    assert late == [], late[:5]
+    assert load.answered - answered_when_gone > 50
+    marked = sum(1 for _, is_marked, _ in failed if is_marked)
+    print(
+        f"failing canary rolled back {judged_after_window(errored):.0f} s into its window: "
+        f"{verdict['message']}; {load.answered - answered_slow} calls answered meanwhile, "
+        f"{len(failed)} failed on the canary ({marked} marked), 0 after it was gone"
     )
 
 
@@ -316,7 +371,6 @@ def test_a_good_canary_is_promoted_through_every_step_with_no_failed_request(
     name = "good"
     serving(cluster, namespace, name, canary_spec(name, model))
     with service_address(cluster, namespace, name) as address, traffic(address[HTTP]) as load:
-        time.sleep(5)
         cluster.kubectl(
             "apply", "-n", namespace, "-f", "-", input=canary_spec(name, model, version="2")
         )
@@ -329,7 +383,7 @@ def test_a_good_canary_is_promoted_through_every_step_with_no_failed_request(
             lambda: not deployment_exists(cluster, namespace, f"{name}-canary"),
             timeout=60, interval=2, description="the canary Deployment removed",
         )  # fmt: skip
-        time.sleep(5)  # traffic goes on after the canary is gone
+        time.sleep(3)  # traffic goes on after the canary is gone
     assert load.failures == [], load.failures[:5]
     assert load.answered > 200
     passed = event_messages(cluster, namespace, name, "CanaryStepPassed")
@@ -344,59 +398,3 @@ def test_a_good_canary_is_promoted_through_every_step_with_no_failed_request(
         assert abs(measured - declared) <= SHARE_TOLERANCE_POINTS, shares
     assert event_messages(cluster, namespace, name, "CanaryPromoted")
     assert not event_messages(cluster, namespace, name, "CanaryRolledBack")
-
-
-def test_a_canary_that_errors_on_a_share_of_requests_is_rolled_back(
-    cluster: E2ECluster, namespace: str, model: Model
-) -> None:
-    if not local_only(cluster):
-        return
-    assert model.claim is not None
-    write_failing_model(STATE_DIR / "models" / namespace / "failing")
-    name = "failing"
-    serving(cluster, namespace, name, canary_spec(name, model))
-    with service_address(cluster, namespace, name) as address:
-        calls = MarkedCalls(address[HTTP])
-        with traffic(address[HTTP], calls) as load:
-            time.sleep(5)
-            failing = canary_spec(name, model, uri="pvc://models/failing/model.pt", version="2")
-            cluster.kubectl("apply", "-n", namespace, "-f", "-", input=failing)
-            status = wait_for(
-                lambda: rolled_back(cluster, namespace, name),
-                timeout=300, interval=2, description="the failing canary rolled back",
-            )  # fmt: skip
-            wait_for(
-                lambda: not deployment_exists(cluster, namespace, f"{name}-canary"),
-                timeout=60, interval=2, description="the canary Deployment removed",
-            )  # fmt: skip
-            gone = time.monotonic()
-            answered_when_gone = load.answered
-            time.sleep(10)  # marked and unmarked calls go on, all to the stable version
-    verdict = status["lastVerdict"]
-    assert (verdict["result"], verdict["reason"]) == ("Fail", "CanaryErrors"), verdict
-    assert verdict["canaryErrorRatio"] > 0.01, verdict
-    assert status["step"] == 0
-    # The stable version served throughout: every failed call is the canary model's own error
-    # (a clean call batched with a marked one on a canary pod fails with it), none is a refused
-    # or dropped connection, and none came after the canary was gone.
-    assert calls.failures, "no call reached the failing canary"
-    assert all(FAILURE_TEXT in message for _, _, message in calls.failures), calls.failures[:5]
-    late = [failure for failure in calls.failures if failure[0] > gone]
-    assert late == [], late[:5]
-    assert load.answered - answered_when_gone > 100
-    marked_failures = sum(1 for _, marked, _ in calls.failures if marked)
-    by_type = {
-        c["type"]: c
-        for c in cluster.get_json("inferenceservice", name, "-n", namespace)["status"]["conditions"]
-    }
-    assert (by_type["Stalled"]["status"], by_type["Stalled"]["reason"]) == (
-        "True",
-        "CanaryRolledBack",
-    )
-    assert by_type["Ready"]["status"] == "True"
-    print(
-        f"\nfailing canary rolled back {judged_after_window(status):.0f} s into its window: "
-        f"{verdict['message']}; {calls.count} calls ({load.answered} answered), "
-        f"{len(calls.failures)} failed on the canary ({marked_failures} marked), "
-        "0 after it was gone"
-    )
