@@ -378,12 +378,17 @@ class Autoscaler:
         current = previous if previous is not None and previous.revision == target else None
         metrics: CanaryMetrics | None = None
         ready = _canary_ready(canary, target)
+        live_canary = None if canary is None else int(canary["spec"].get("replicas", 1))
+        step_replicas: tuple[int, int] | None = None
         if not stable_matches and current is not None and current.phase == "Progressing":
             window = metrics_window(canary_spec, current, now)
             if source is None:
                 metrics = CanaryMetrics(window, error="no Prometheus URL")
             elif ready > 0:
                 metrics = await source.canary(namespace, name, window)
+            step_replicas = split_replicas(
+                decision.desired_replicas, current.share_percent, spec.autoscaling.max_replicas
+            )
         step = advance(
             canary_spec,
             spec.slo.p99_latency_milliseconds,
@@ -394,13 +399,16 @@ class Autoscaler:
                 canary_ready=ready,
                 stable_rolled_out=not rollout_state(stable).in_progress,
                 metrics=metrics,
+                canary_replicas=live_canary or 0,
+                stable_replicas=int(stable["spec"].get("replicas", 1)),
+                stable_ready=_stable_ready(stable),
+                step_replicas=step_replicas,
             ),
             now,
         )
         status = step.status
         stable_replicas: int | None = None
         canary_replicas: int | None = None
-        live_canary = None if canary is None else int(canary["spec"].get("replicas", 1))
         if status is not None and status.revision == target and live_canary is not None:
             if status.phase == "Progressing":
                 stable_replicas, canary_replicas = split_replicas(
@@ -585,3 +593,10 @@ def _canary_ready(canary: dict[str, Any] | None, revision: str) -> int:
     if not state.observed or state.replicas != state.updated:
         return 0
     return int((canary.get("status") or {}).get("readyReplicas") or 0)
+
+
+def _stable_ready(stable: dict[str, Any]) -> int:
+    """Ready pods of the stable Deployment, once its controller has seen its replicas (0 before:
+    a count of the previous size is no evidence the new one is reached)."""
+    state = rollout_state(stable)
+    return state.ready if state.observed else 0

@@ -54,6 +54,33 @@ class RolloutObservation:
     """The stable Deployment's rollout is complete (ends Promoting)."""
     metrics: CanaryMetrics | None = None
     """Read only while a step runs."""
+    canary_replicas: int = 0
+    """The canary Deployment's replicas (its spec; 0 when it is absent)."""
+    stable_replicas: int = 0
+    """The stable Deployment's replicas (its spec)."""
+    stable_ready: int = 0
+    """Ready pods of the stable Deployment."""
+    step_replicas: tuple[int, int] | None = None
+    """(stable, canary) replicas the step's share asks for at this pass's demand
+    (`split_replicas`); None when no step runs."""
+
+
+def replicas_ready(observed: RolloutObservation) -> bool:
+    """Both Deployments at the step's sizes and every pod of them ready: from here the Service
+    splits its traffic in the step's proportion, so the step's window may start. Before, the
+    window would hold the previous step's share (a full run measured 39.3 % for a declared
+    50 %: the 50 % step's second canary pod was still warming up in its window)."""
+    sizes = observed.step_replicas
+    if sizes is None:
+        return False
+    stable, canary = sizes
+    seen = (
+        observed.stable_replicas,
+        observed.stable_ready,
+        observed.canary_replicas,
+        observed.canary_ready,
+    )
+    return seen == (stable, stable, canary, canary)
 
 
 @dataclass(frozen=True)
@@ -74,11 +101,13 @@ class RolloutStep:
 
 
 def metrics_window(spec: CanarySpec, status: RolloutStatus | None, now: datetime) -> int:
-    """The window to read the signals over: since the step's window began, at least
+    """The window to read the signals over: since the step's window began (before it has, since
+    the step began: errors and an SLO breach are judged meanwhile), at least
     WINDOW_FLOOR_SECONDS, at most the step's length."""
     if status is None:
         return WINDOW_FLOOR_SECONDS
-    elapsed = int((now - status.step_started_at).total_seconds())
+    began = status.window_started_at or status.step_started_at
+    elapsed = int((now - began).total_seconds())
     return max(WINDOW_FLOOR_SECONDS, min(spec.step_seconds, elapsed))
 
 
@@ -181,16 +210,28 @@ def _start(
     return RolloutStep(status, [RolloutEvent("Normal", constants.EVENT_CANARY_STARTED, message)])
 
 
-def _hold(status: RolloutStatus, verdict: RolloutVerdict, restart: bool) -> RolloutStep:
+def _hold(
+    status: RolloutStatus, verdict: RolloutVerdict, *, end_window: bool = False
+) -> RolloutStep:
     """Keep the step; write only when the hold's reason changes (a pass that finds the same hold
-    writes nothing)."""
+    writes nothing). `end_window`: the step's window is over; a new one starts when the step's
+    replicas are ready again."""
     last = status.last_verdict
     if last is not None and (last.result, last.reason) == (verdict.result, verdict.reason):
         return RolloutStep(status)
     update: dict[str, object] = {"last_verdict": verdict}
-    if restart:
-        update["step_started_at"] = verdict.at
+    if end_window:
+        update["window_started_at"] = None
     return RolloutStep(status.model_copy(update=update))
+
+
+def _sizes(observed: RolloutObservation) -> str:
+    wanted = observed.step_replicas
+    stable, canary = wanted if wanted is not None else ("?", "?")
+    return (
+        f"stable {observed.stable_ready} ready of {observed.stable_replicas} (wanted {stable}), "
+        f"canary {observed.canary_ready} ready of {observed.canary_replicas} (wanted {canary})"
+    )
 
 
 def advance(
@@ -232,19 +273,10 @@ def advance(
             "Hold",
             constants.REASON_CANARY_NOT_READY,
             f"no ready canary pod runs revision {current.revision} yet: step {current.step + 1}'s "
-            "window starts when one is ready",
+            "window starts when the step's replicas are ready",
             now,
         )
-        return _hold(current, verdict, restart=True)
-    last = current.last_verdict
-    if last is not None and last.reason == constants.REASON_CANARY_NOT_READY:
-        verdict = _verdict(
-            "Hold",
-            constants.REASON_CANARY_MEASURING,
-            f"a canary pod is ready: step {current.step + 1}'s window starts",
-            now,
-        )
-        return _hold(current, verdict, restart=True)
+        return _hold(current, verdict, end_window=True)
     metrics = observed.metrics
     if metrics is None or metrics.error is not None:
         why = "no metrics read" if metrics is None else metrics.error
@@ -254,9 +286,9 @@ def advance(
             f"the canary is not judged: {why}",
             now,
         )
-        return _hold(current, verdict, restart=False)
-    elapsed = (now - current.step_started_at).total_seconds()
-    complete = elapsed >= spec.step_seconds
+        return _hold(current, verdict)
+    began = current.window_started_at
+    complete = began is not None and (now - began).total_seconds() >= spec.step_seconds
     failure = judge(spec, slo_p99_milliseconds, metrics, window_complete=complete)
     if failure is not None:
         verdict = _verdict("Fail", *failure, now, metrics)
@@ -267,6 +299,25 @@ def advance(
         return RolloutStep(
             rolled_back, [RolloutEvent("Warning", constants.EVENT_CANARY_ROLLED_BACK, message)]
         )
+    if began is None:
+        if replicas_ready(observed):
+            verdict = _verdict(
+                "Hold",
+                constants.REASON_CANARY_MEASURING,
+                f"step {current.step + 1}'s replicas are ready ({_sizes(observed)}): its "
+                f"{spec.step_seconds} s window starts",
+                now,
+            )
+            started = current.model_copy(update={"window_started_at": now, "last_verdict": verdict})
+            return RolloutStep(started)
+        verdict = _verdict(
+            "Hold",
+            constants.REASON_CANARY_SCALING,
+            f"step {current.step + 1} waits for its replicas ({_sizes(observed)}): its window "
+            "starts when both Deployments are at the step's sizes and ready",
+            now,
+        )
+        return _hold(current, verdict)
     if not complete:
         return RolloutStep(current)
     canary = metrics.canary
@@ -280,7 +331,7 @@ def advance(
             now,
             metrics,
         )
-        return _hold(current, verdict, restart=False)
+        return _hold(current, verdict)
     verdict = _verdict(
         "Pass",
         constants.REASON_CANARY_STEP_PASSED,
@@ -301,6 +352,7 @@ def advance(
                 "steps": len(spec.steps),
                 "share_percent": spec.steps[following],
                 "step_started_at": now,
+                "window_started_at": None,
                 "last_verdict": verdict,
             }
         )
@@ -321,12 +373,30 @@ def advance(
     )
 
 
+SHARE_ROUNDING_POINTS = 5.0
+"""How far, in percentage points, whole replicas may put the canary's share of the ready
+replicas from the declared one before the canary gets another replica."""
+
+
 def split_replicas(demand: int, share_percent: int, max_replicas: int) -> tuple[int, int]:
     """(stable, canary) replicas for a step: the canary gets its share of the ready replicas
     behind the Service (whole replicas, at least one), the stable version at least what the
-    autoscaler's `demand` leaves and at most maxReplicas."""
+    autoscaler's `demand` leaves and at most maxReplicas.
+
+    The canary's count starts at its share of the demand and grows while the stable count the
+    demand leaves puts the share more than SHARE_ROUNDING_POINTS from the declared one: a demand
+    of 5 at 50 % is 3 and 3, not 3 and 2 (40 %), and a 40 % step of one replica of demand is 3
+    and 2, not 2 and 1 (33 %). A demand raised for an earlier step's share and still held by the
+    scale-down's stabilization thus costs replicas, never the share."""
     share = min(max(share_percent, 1), 99)
+
+    def stable_for(canary: int) -> int:
+        return max(demand - canary, math.floor(canary * (100 - share) / share + 0.5), 1)
+
     canary = max(1, round(demand * share / 100))
-    for_share = math.floor(canary * (100 - share) / share + 0.5)
-    stable = min(max(demand - canary, for_share, 1), max(max_replicas, 1))
-    return stable, canary
+    while (
+        abs(100.0 * canary / (canary + stable_for(canary)) - share) > SHARE_ROUNDING_POINTS
+        and canary < demand + 100
+    ):
+        canary += 1
+    return min(stable_for(canary), max(max_replicas, 1)), canary

@@ -310,9 +310,10 @@ def test_a_slow_canary_is_rolled_back_within_its_first_window_and_stalls_until_t
         else:
             assert verdict["canaryErrorRatio"] > 0.1
         assert time.monotonic() - began < 60
-        judged = datetime.fromisoformat(verdict["at"]) - datetime.fromisoformat(
-            status["stepStartedAt"]
-        )
+        # The window starts when both Deployments are at the step's sizes and ready; errors are
+        # judged even before it (then from the step's start).
+        began = status.get("windowStartedAt") or status["stepStartedAt"]
+        judged = datetime.fromisoformat(verdict["at"]) - datetime.fromisoformat(began)
         # By the end of the first window: errors at once, slower than stable at the window's
         # end (at the first autoscaler pass after it, every 5 s).
         assert judged.total_seconds() <= STEP_SECONDS + 5, (judged, status)

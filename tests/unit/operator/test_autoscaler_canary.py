@@ -89,9 +89,17 @@ def ready(deployment: dict[str, Any], replicas: int, uid: str) -> dict[str, Any]
     return deployment
 
 
-def autoscaler_on_step_one(canary: TrackSignals) -> tuple[Autoscaler, RecordingKube, str]:
+def autoscaler_on_step_one(
+    canary: TrackSignals, *, measuring: bool = True, stable_ready: int = 3, seen: bool = True
+) -> tuple[Autoscaler, RecordingKube, str]:
+    """Step 1 (25 %) with 3 stable replicas and 1 canary; `measuring`: its window started 61 s
+    ago (else it has not started); `stable_ready`: the stable pods ready of 3; `seen`: the
+    Deployment controller has seen the stable Deployment's last change."""
     old, new = parse_spec("mlp", spec("1")), parse_spec("mlp", spec("2"))
     stable = ready(build_deployment(old, OWNER, 3), 3, "stable-uid")  # type: ignore[arg-type]
+    stable["status"]["readyReplicas"] = stable_ready
+    if not seen:
+        stable["metadata"]["generation"] = 2  # its replicas just changed: the count is old
     desired = build_deployment(new, OWNER)  # type: ignore[arg-type]
     revision = revision_of(desired)
     cache = ObjectCache()
@@ -109,7 +117,12 @@ def autoscaler_on_step_one(canary: TrackSignals) -> tuple[Autoscaler, RecordingK
                     "step": 0,
                     "steps": 2,
                     "sharePercent": 25,
-                    "stepStartedAt": (T0 - timedelta(seconds=61)).isoformat(),
+                    "stepStartedAt": (T0 - timedelta(seconds=70)).isoformat(),
+                    **(
+                        {"windowStartedAt": (T0 - timedelta(seconds=61)).isoformat()}
+                        if measuring
+                        else {}
+                    ),
                     "canaryReplicas": 1,
                     "stableReplicas": 3,
                 }
@@ -163,3 +176,25 @@ async def test_a_slow_canary_is_rolled_back_and_its_latency_never_scales_the_sta
     assert written["rollout"]["lastVerdict"]["reason"] == "CanarySlowerThanStable"
     assert kube.scales == {}  # the reconcile loop deletes the canary; the stable one holds
     assert evaluation.decision.desired_replicas == 3  # never up for the canary's 45 ms
+
+
+async def test_the_steps_window_starts_when_both_deployments_are_at_its_sizes_and_ready() -> None:
+    """The pass gives the machine both Deployments' replicas and ready pods and the step's sizes
+    at its demand (3 and 1 at 25 %): one stable pod not ready, or a ready count the Deployment
+    controller has not brought up to date, holds the window; all ready start it."""
+    for short, seen, said in ((2, True, "stable 2 ready of 3"), (3, False, "stable 0 ready of 3")):
+        autoscaler, kube, _ = autoscaler_on_step_one(
+            TrackSignals(300, 0, 0.004), measuring=False, stable_ready=short, seen=seen
+        )
+        evaluation = await autoscaler.evaluate("ns", "mlp", T0)
+        assert evaluation is not None and evaluation.rollout_changed
+        (written,) = [s for m, s in kube.statuses if m == ROLLOUT_FIELD_MANAGER]
+        assert "windowStartedAt" not in written["rollout"]
+        assert written["rollout"]["lastVerdict"]["reason"] == "CanaryScaling"
+        assert f"{said} (wanted 3)" in written["rollout"]["lastVerdict"]["message"]
+    autoscaler, kube, _ = autoscaler_on_step_one(TrackSignals(300, 0, 0.004), measuring=False)
+    evaluation = await autoscaler.evaluate("ns", "mlp", T0)
+    assert evaluation is not None and evaluation.rollout_events == ()
+    (written,) = [s for m, s in kube.statuses if m == ROLLOUT_FIELD_MANAGER]
+    assert written["rollout"]["windowStartedAt"] == T0.isoformat().replace("+00:00", "Z")
+    assert written["rollout"]["lastVerdict"]["reason"] == "CanaryMeasuring"

@@ -43,14 +43,37 @@ def observe(
     ready: int = 1,
     rolled_out: bool = True,
     seen: CanaryMetrics | None = None,
+    stable: tuple[int, int] = (9, 9),
+    canary_replicas: int = 1,
+    wanted: tuple[int, int] | None = (9, 1),
 ) -> RolloutObservation:
-    return RolloutObservation(revision, stable_matches, ready, rolled_out, seen)
+    """What a pass saw; by default both Deployments at the step's sizes, every pod ready
+    (`stable`: the stable Deployment's replicas and ready pods; `wanted`: the step's sizes)."""
+    return RolloutObservation(
+        revision,
+        stable_matches,
+        ready,
+        rolled_out,
+        seen,
+        canary_replicas=canary_replicas,
+        stable_replicas=stable[0],
+        stable_ready=stable[1],
+        step_replicas=wanted,
+    )
 
 
 def started(at: datetime = T0) -> RolloutStatus:
-    step = advance(SPEC, SLO_MS, None, observe(), at)
+    """Step 1 running, its window started at `at` (its replicas were ready)."""
+    step = advance(SPEC, SLO_MS, None, observe(ready=0), at)
     assert step.status is not None
-    return step.status
+    measuring = advance(SPEC, SLO_MS, step.status, observe(seen=metrics(few())), at)
+    assert measuring.status is not None and measuring.status.window_started_at == at
+    return measuring.status
+
+
+def few() -> TrackSignals:
+    """Fewer canary requests than minRequests: no verdict on them."""
+    return signals(requests=10)
 
 
 def test_a_new_revision_starts_a_canary_at_the_first_step() -> None:
@@ -62,6 +85,7 @@ def test_a_new_revision_starts_a_canary_at_the_first_step() -> None:
         10,
     )
     assert step.status.revision == "rev-b" and step.status.step_started_at == T0
+    assert step.status.window_started_at is None  # no ready canary pod yet
     assert [e.reason for e in step.events] == [constants.EVENT_CANARY_STARTED]
     assert "step 1 of 2, 10 % of traffic" in step.events[0].message
 
@@ -78,6 +102,7 @@ def test_a_good_canary_passes_each_step_then_promotes_then_is_promoted() -> None
     assert first.status is not None and first.status.phase == "Progressing"
     assert (first.status.step, first.status.share_percent) == (1, 50)
     assert first.status.step_started_at == T0 + timedelta(seconds=60)
+    assert first.status.window_started_at is None  # until step 2's replicas are ready
     verdict = first.status.last_verdict
     assert verdict is not None and verdict.result == "Pass"
     assert verdict.reason == constants.REASON_CANARY_STEP_PASSED
@@ -85,7 +110,14 @@ def test_a_good_canary_passes_each_step_then_promotes_then_is_promoted() -> None
     assert verdict.canary_p99_milliseconds == 5.0 and verdict.canary_error_ratio == 0.0
     assert [e.reason for e in first.events] == [constants.EVENT_CANARY_STEP_PASSED]
     assert "declared 10 %, measured 10.0 %" in first.events[0].message
-    last = advance(SPEC, SLO_MS, first.status, observe(seen=metrics()), T0 + timedelta(seconds=120))
+    second = advance(
+        SPEC, SLO_MS, first.status, observe(seen=metrics()), T0 + timedelta(seconds=65)
+    )
+    assert second.status is not None
+    assert second.status.window_started_at == T0 + timedelta(seconds=65)
+    last = advance(
+        SPEC, SLO_MS, second.status, observe(seen=metrics()), T0 + timedelta(seconds=125)
+    )
     assert last.status is not None and last.status.phase == "Promoting"
     rolling = observe(stable_matches=True, rolled_out=False)
     waiting = advance(SPEC, SLO_MS, last.status, rolling, T0 + timedelta(seconds=125))
@@ -97,6 +129,83 @@ def test_a_good_canary_passes_each_step_then_promotes_then_is_promoted() -> None
     assert [e.reason for e in done.events] == [constants.EVENT_CANARY_PROMOTED]
     again = advance(SPEC, SLO_MS, done.status, observe(stable_matches=True), T0)
     assert again.status == done.status and again.events == []
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def on_step_two() -> RolloutStatus:
+    """Step 1 passed at 60 s: step 2 (50 %) asks for 2 stable and 2 canary replicas."""
+    passed = advance(SPEC, SLO_MS, started(), observe(seen=metrics()), at(60))
+    assert passed.status is not None and passed.status.step == 1
+    assert passed.status.window_started_at is None
+    return passed.status
+
+
+STEP_TWO = (2, 2)
+
+
+def test_a_steps_window_starts_when_both_deployments_are_at_its_sizes_and_ready() -> None:
+    """The share measured over a window is the step's only once the Service splits in the
+    step's proportion: a second canary pod still warming up (or a stable pod the step removes
+    still there) would count the previous step's share in it."""
+    status = on_step_two()
+    warming = observe(seen=metrics(), stable=(2, 2), canary_replicas=2, ready=1, wanted=STEP_TWO)
+    scaling = advance(SPEC, SLO_MS, status, warming, at(65))
+    assert scaling.status is not None and scaling.events == []
+    assert scaling.status.window_started_at is None
+    verdict = scaling.status.last_verdict
+    assert verdict is not None and (verdict.result, verdict.reason) == (
+        "Hold",
+        constants.REASON_CANARY_SCALING,
+    )
+    assert "stable 2 ready of 2 (wanted 2), canary 1 ready of 2 (wanted 2)" in verdict.message
+    # Still scaling, another way (the stable Deployment not yet down to 2): the same hold, no
+    # write; the window has not started however long it lasts.
+    unscaled = observe(seen=metrics(), stable=(3, 3), canary_replicas=2, ready=2, wanted=STEP_TWO)
+    assert advance(SPEC, SLO_MS, scaling.status, unscaled, at(130)).status == scaling.status
+    # One pod short of the stable side's size: not ready either.
+    short = observe(seen=metrics(), stable=(2, 1), canary_replicas=2, ready=2, wanted=STEP_TWO)
+    assert advance(SPEC, SLO_MS, scaling.status, short, at(131)).status == scaling.status
+    ready = observe(seen=metrics(), stable=(2, 2), canary_replicas=2, ready=2, wanted=STEP_TWO)
+    measuring = advance(SPEC, SLO_MS, scaling.status, ready, at(135))
+    assert measuring.status is not None and measuring.status.window_started_at == at(135)
+    assert measuring.status.step_started_at == at(60)
+    verdict = measuring.status.last_verdict
+    assert verdict is not None and verdict.reason == constants.REASON_CANARY_MEASURING
+    assert metrics_window(SPEC, measuring.status, at(140)) == 15
+    assert metrics_window(SPEC, measuring.status, at(180)) == 45
+    # The step is judged a whole window after its replicas were ready, not after it began.
+    assert advance(SPEC, SLO_MS, measuring.status, ready, at(194)).status == measuring.status
+    done = advance(SPEC, SLO_MS, measuring.status, ready, at(195))
+    assert done.status is not None and done.status.phase == "Promoting"
+
+
+def test_without_the_steps_sizes_its_window_never_starts() -> None:
+    nothing = observe(seen=metrics(), wanted=None)
+    step = advance(SPEC, SLO_MS, on_step_two(), nothing, at(65))
+    assert step.status is not None and step.status.window_started_at is None
+
+
+def test_errors_and_an_slo_breach_are_judged_before_the_window_starts() -> None:
+    """A worse canary is not kept while the step's replicas scale: its own errors and its p99
+    against the SLO say nothing about the share. Only the comparison with the stable version
+    waits for a whole window."""
+    for canary, reason in (
+        (signals(errors=30), constants.REASON_CANARY_ERRORS),
+        (signals(p99_ms=150), constants.REASON_CANARY_SLO_BREACHED),
+    ):
+        seen = metrics(canary, window=15)
+        scaling = observe(seen=seen, canary_replicas=2, ready=1, wanted=STEP_TWO)
+        step = advance(SPEC, SLO_MS, on_step_two(), scaling, at(65))
+        assert step.status is not None and step.status.phase == "RolledBack"
+        assert step.status.last_verdict is not None
+        assert step.status.last_verdict.reason == reason
+    slower = metrics(signals(p99_ms=40), signals(4500, p99_ms=5), window=15)
+    scaling = observe(seen=slower, canary_replicas=2, ready=1, wanted=STEP_TWO)
+    held = advance(SPEC, SLO_MS, on_step_two(), scaling, at(65))
+    assert held.status is not None and held.status.phase == "Progressing"
 
 
 @pytest.mark.parametrize(
@@ -180,12 +289,12 @@ def test_a_deleted_canary_deployment_restarts_the_step_when_its_pod_is_ready_aga
     assert gone.status is not None and gone.status.phase == "Progressing"
     verdict = gone.status.last_verdict
     assert verdict is not None and verdict.reason == constants.REASON_CANARY_NOT_READY
-    assert gone.status.step_started_at == T0 + timedelta(seconds=40)
+    assert gone.status.window_started_at is None and gone.status.step_started_at == T0
     still = advance(SPEC, SLO_MS, gone.status, observe(ready=0), T0 + timedelta(seconds=50))
     assert still.status == gone.status  # no write per pass while it stays away
     ready_at = T0 + timedelta(seconds=70)
     back = advance(SPEC, SLO_MS, gone.status, observe(seen=metrics()), ready_at)
-    assert back.status is not None and back.status.step_started_at == ready_at
+    assert back.status is not None and back.status.window_started_at == ready_at
     assert back.status.last_verdict is not None
     assert back.status.last_verdict.reason == constants.REASON_CANARY_MEASURING
     full = advance(
@@ -246,6 +355,12 @@ def test_a_promoted_revision_that_comes_back_is_a_new_canary() -> None:
 
 
 def test_the_window_grows_with_the_step_between_its_floor_and_the_step() -> None:
+    step = advance(SPEC, SLO_MS, None, observe(ready=0), T0)
+    assert step.status is not None
+    # Before the step's window starts, the errors and the SLO are read since the step began.
+    assert metrics_window(SPEC, step.status, T0 + timedelta(seconds=40)) == 40
+    status = started(T0 + timedelta(seconds=30))
+    assert metrics_window(SPEC, status, T0 + timedelta(seconds=40)) == 15
     status = started()
     assert metrics_window(SPEC, status, T0 + timedelta(seconds=3)) == 15
     assert metrics_window(SPEC, status, T0 + timedelta(seconds=40)) == 40
@@ -262,6 +377,15 @@ def test_the_window_grows_with_the_step_between_its_floor_and_the_step() -> None
         (10, 10, 20, (9, 1)),
         (20, 10, 30, (18, 2)),
         (1, 10, 5, (5, 1)),  # maxReplicas caps the stable side: the share is then larger
+        # A demand the stable side alone would leave off the share: the canary grows with it.
+        (5, 50, 10, (3, 3)),  # not 3 and 2 (40 %)
+        (9, 50, 10, (5, 5)),  # not 5 and 4 (44 %)
+        (1, 40, 10, (3, 2)),  # not 2 and 1 (33 %)
+        # Within SHARE_ROUNDING_POINTS: no replica more.
+        (5, 25, 10, (4, 1)),  # 20 %
+        (11, 10, 20, (10, 1)),  # 9.1 %
+        # A stable demand held from the 25 % step (3) at 50 %: 2 and 2, the share kept.
+        (3, 50, 10, (2, 2)),
     ],
 )
 def test_replicas_are_split_for_the_share(

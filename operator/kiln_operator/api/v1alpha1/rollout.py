@@ -104,7 +104,11 @@ class RolloutStatus(ApiModel):
     share_percent: Annotated[int, Field(ge=0, le=100)] = 0
     """The declared share of the step under way."""
     step_started_at: datetime
-    """When the step's window began (restarted while no canary pod is ready)."""
+    """When the step began (the canary was started, or the previous step passed)."""
+    window_started_at: datetime | None = None
+    """When the step's measurement window began: the first pass that found both Deployments at
+    the step's sizes and every pod of them ready. Empty until then, and again while no canary
+    pod is ready (the window restarts when the step's replicas are ready again)."""
     canary_replicas: Annotated[int, Field(ge=0)] = 0
     """Replicas the autoscaler gave the canary Deployment."""
     stable_replicas: Annotated[int, Field(ge=0)] = 0
