@@ -12,6 +12,7 @@ clients connect to the Service's cluster IP and send that name, as the client in
 """
 
 import asyncio
+import calendar
 import json
 import re
 import subprocess
@@ -259,7 +260,7 @@ def gate_passed_at(pod: dict[str, Any]) -> float | None:
 
 
 def _epoch(stamp: str) -> float:
-    return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+    return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")))
 
 
 def pod_cold_start(pod: dict[str, Any]) -> float | None:
