@@ -2,16 +2,20 @@
 start measured in the same run, and whether any request is lost over cycles of 0 -> 1 -> 0.
 
 Why it exists: the issue's targets (wake latency <= cold start + 1 s, 0 requests lost) are
-measured, not assumed. One service of the example MLP at `minReplicas: 0` with the shortest idle
-window; Kiln's activator deployed from the chart (two pods of the runtime image); the operator as
-a process of this machine with the cluster's Prometheus. Each cycle waits until the service is at
-zero (replicas 0, no pod, the Service's endpoints the activator's), then sends one HTTP request and
-one tritonclient gRPC call at once (each on a connection of its own, through the Service's
-cluster IP, naming the service as cluster DNS does), then a trickle of HTTP requests to the woken
-pod. The cold start of each cycle is the woken pod's own: from its creation to its warm-up gate
-(the API's timestamps, 1 s resolution). Last, one activator pod holds 1,000 requests of 10 KiB.
+measured, not assumed. Services of the example MLP at `minReplicas: 0` with the shortest idle
+window (two, each in its own namespace and cycling on its own, so that 20 cycles take half the
+time; their cold starts may overlap, and the cold starts compared are measured under the same
+contention); Kiln's activator deployed from the chart (two pods of the runtime image); the
+operator as a process of this machine with the cluster's Prometheus. Each cycle waits until
+the service is at zero (replicas 0, no pod, the Service's endpoints the activator's), then sends
+one HTTP request and one tritonclient gRPC call at once (each on a connection of its own,
+through the Service's cluster IP, naming the service as cluster DNS does), then a trickle of
+HTTP requests to the woken pod. The cold start of each cycle is the woken pod's own: from its
+creation to its warm-up gate (the API's timestamps, 1 s resolution). Last, one activator pod
+holds 1,000 requests of 10 KiB.
 
-    python -m tests.e2e.bench_scale_to_zero --cycles 20 --out docs/benchmarks/scale-to-zero.md
+    python -m tests.e2e.bench_scale_to_zero --cycles 20 --services 2 \
+        --out docs/benchmarks/scale-to-zero.md
 """
 
 import argparse
@@ -53,6 +57,7 @@ from tests.e2e.zero_setup import (
 from tests.sessioncluster import REPO, RUNTIME_IMAGE, write_example_model
 
 NAME, NAMESPACE = "mlp", "zero-bench"
+"""The first service's namespace; the others' are `zero-bench-2`, ... (`--services`)."""
 BEGIN = "<!-- real-node:begin (python -m tests.e2e.bench_scale_to_zero) -->"
 END = "<!-- real-node:end -->"
 TRICKLE = 5
@@ -67,6 +72,8 @@ class Cycle:
     grpc: Answer
     cold_start: float | None
     trickle: list[Answer] = field(default_factory=list)
+    index: int = 0
+    """The cycle's rank on its service: the wait of the first one starts at the apply."""
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -74,10 +81,14 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(share * (len(ordered) - 1))))]
 
 
-def one_cycle(cluster: E2ECluster, activator_ips: set[str]) -> Cycle:
-    to_zero = wait_at_zero(cluster, NAMESPACE, NAME, activator_ips, timeout=300)
-    ip = service_ip(cluster, NAMESPACE, NAME)
-    host = f"{NAME}.{NAMESPACE}"
+def namespaces(services: int) -> list[str]:
+    return [NAMESPACE, *(f"{NAMESPACE}-{index}" for index in range(2, services + 1))]
+
+
+def one_cycle(cluster: E2ECluster, activator_ips: set[str], namespace: str) -> Cycle:
+    to_zero = wait_at_zero(cluster, namespace, NAME, activator_ips, timeout=300)
+    ip = service_ip(cluster, namespace, NAME)
+    host = f"{NAME}.{namespace}"
     timeout = HOLD_TIMEOUT_SECONDS + 15.0
     with ThreadPoolExecutor(2) as pool:
         http = pool.submit(http_infer, f"{ip}:{HTTP}", host, timeout)
@@ -86,7 +97,7 @@ def one_cycle(cluster: E2ECluster, activator_ips: set[str]) -> Cycle:
     pods = [
         item
         for item in cluster.get_json(
-            "pods", "-n", NAMESPACE, "-l", f"serving.kiln.dev/inferenceservice={NAME}"
+            "pods", "-n", namespace, "-l", f"serving.kiln.dev/inferenceservice={NAME}"
         )["items"]
         if item["metadata"].get("deletionTimestamp") is None
     ]
@@ -126,7 +137,11 @@ def held_memory(cluster: E2ECluster) -> tuple[int, int, int, int]:
 
 
 def report(
-    cycles: list[Cycle], first_apply: float, memory: tuple[int, int, int, int], wall: float
+    cycles: list[Cycle],
+    services: int,
+    first_apply: float,
+    memory: tuple[int, int, int, int],
+    wall: float,
 ) -> str:
     https = [c.http.seconds for c in cycles if c.http.answered]
     grpcs = [c.grpc.seconds for c in cycles if c.grpc.answered]
@@ -139,16 +154,20 @@ def report(
         c.http.refused + c.grpc.refused + sum(a.refused for a in c.trickle) for c in cycles
     )
     lost = sent - answered - refused
-    to_zero = [c.to_zero_seconds for c in cycles[1:]]  # the first wait starts at apply
+    to_zero = [c.to_zero_seconds for c in cycles if c.index > 0]
     cold_p50 = statistics.median(colds) if colds else float("nan")
     rest, rss, count, limit = memory
     lines = [
         BEGIN,
         "## On the real node",
         "",
-        f"Measured with `python -m tests.e2e.bench_scale_to_zero --cycles {len(cycles)}` on "
+        f"Measured with `python -m tests.e2e.bench_scale_to_zero --cycles {len(cycles)} "
+        f"--services {services}` on "
         f"{datetime.date.today().isoformat()} ({platform.machine()}, "
-        f"{_cores()} cores, {wall / 60:.0f} min): the example MLP at `minReplicas: 0`, "
+        f"{_cores()} cores, {wall / 60:.0f} min): {services} services of the example MLP, "
+        "each in its own namespace cycling on its own (their cold starts may overlap: both "
+        "the wakes and the cold starts below are measured under that contention), at "
+        "`minReplicas: 0`, "
         f"`scaleToZero.idleSeconds` {IDLE_SECONDS}, `evaluationIntervalSeconds` 5, CPU 500m; "
         "Kiln's activator from the chart (2 pods of the runtime image); one HTTP request and one "
         "tritonclient gRPC call sent at once to the Service's cluster IP at zero, per cycle, "
@@ -206,7 +225,11 @@ def write(page: Path, section: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--cycles", type=int, default=20)
+    parser.add_argument("--cycles", type=int, default=20, help="in all, over the services")
+    parser.add_argument(
+        "--services", type=int, default=2,
+        help="services cycling at once, each in its own namespace (halves the run's time)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     began = time.monotonic()
@@ -234,28 +257,42 @@ def main() -> None:
             cluster, STATE_DIR / "bench-zero-operator.log", info.prometheus, control_env(pods)
         )
         operator.start()
-        restricted_namespace(cluster, NAMESPACE)
-        models = write_example_model(STATE_DIR / "models" / NAMESPACE)
-        provision_claim(info, NAMESPACE, "models", models)
+        spaces = namespaces(args.services)
+        for space in spaces:
+            restricted_namespace(cluster, space)
+            models = write_example_model(STATE_DIR / "models" / space)
+            provision_claim(info, space, "models", models)
         model = Model(uri="pvc://models/mlp/model.pt", claim="models")
         applied = time.monotonic()
-        cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=zero_service(NAME, model))
-        wait_for(lambda: _serves(cluster), timeout=300, interval=0.25, description="first answer")
+        for space in spaces:
+            cluster.kubectl("apply", "-n", space, "-f", "-", input=zero_service(NAME, model))
+        wait_for(
+            lambda: _serves(cluster, NAMESPACE), timeout=300, interval=0.25,
+            description="first answer",
+        )  # fmt: skip
         first_apply = time.monotonic() - applied
         ips = {pod.ip for pod in pods}
-        cycles: list[Cycle] = []
-        for index in range(args.cycles):
-            cycle = one_cycle(cluster, ips)
-            cycles.append(cycle)
-            print(
-                f"cycle {index + 1}: at zero after {cycle.to_zero_seconds:.0f} s; HTTP "
-                f"{cycle.http.seconds:.1f} s ({cycle.http.status}), gRPC {cycle.grpc.seconds:.1f}"
-                f" s ({cycle.grpc.status}); cold start {cycle.cold_start}; trickle "
-                f"{[a.status for a in cycle.trickle]}",
-                flush=True,
-            )
+        rounds = -(-args.cycles // len(spaces))
+
+        def cycles_of(space: str) -> list[Cycle]:
+            done: list[Cycle] = []
+            for index in range(rounds):
+                cycle = one_cycle(cluster, ips, space)
+                cycle.index = index
+                done.append(cycle)
+                print(
+                    f"{space} cycle {index + 1}: at zero after {cycle.to_zero_seconds:.0f} s; "
+                    f"HTTP {cycle.http.seconds:.1f} s ({cycle.http.status}), gRPC "
+                    f"{cycle.grpc.seconds:.1f} s ({cycle.grpc.status}); cold start "
+                    f"{cycle.cold_start}; trickle {[a.status for a in cycle.trickle]}",
+                    flush=True,
+                )
+            return done
+
+        with ThreadPoolExecutor(len(spaces)) as pool:
+            cycles = [c for done in pool.map(cycles_of, spaces) for c in done]
         memory = held_memory(cluster)
-        section = report(cycles, first_apply, memory, time.monotonic() - began)
+        section = report(cycles, args.services, first_apply, memory, time.monotonic() - began)
         print(section)
         write(args.out, section)
     finally:
@@ -264,11 +301,11 @@ def main() -> None:
         local.down()
 
 
-def _serves(cluster: E2ECluster) -> bool:
-    if cluster.kubectl("get", "svc", NAME, "-n", NAMESPACE, check=False).returncode != 0:
+def _serves(cluster: E2ECluster, namespace: str) -> bool:
+    if cluster.kubectl("get", "svc", NAME, "-n", namespace, check=False).returncode != 0:
         return False
-    ip = service_ip(cluster, NAMESPACE, NAME)
-    return http_infer(f"{ip}:{HTTP}", f"{NAME}.{NAMESPACE}", 5).answered
+    ip = service_ip(cluster, namespace, NAME)
+    return http_infer(f"{ip}:{HTTP}", f"{NAME}.{namespace}", 5).answered
 
 
 if __name__ == "__main__":
