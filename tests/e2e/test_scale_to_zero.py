@@ -54,6 +54,9 @@ from tests.e2e.zero_setup import (
 )
 from tests.sessioncluster import missing_component, write_example_model
 
+pytestmark = pytest.mark.timeout(900)
+"""The first test also waits for the module's set-up: the activator, two services ready."""
+
 NAME = "mlp"
 """The runtime serves the model under its service's name: the model the clients call."""
 CYCLES = int(os.environ.get("KILN_E2E_ZERO_CYCLES", "2"))
