@@ -20,9 +20,11 @@ holds 1,000 requests of 10 KiB.
 
 import argparse
 import asyncio
+import dataclasses
 import datetime
 import os
 import platform
+import re
 import statistics
 import subprocess
 import time
@@ -74,6 +76,7 @@ class Cycle:
     trickle: list[Answer] = field(default_factory=list)
     index: int = 0
     """The cycle's rank on its service: the wait of the first one starts at the apply."""
+    service: str = ""
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -136,16 +139,30 @@ def held_memory(cluster: E2ECluster) -> tuple[int, int, int, int]:
     return rest, rss, count, memory_limit(cluster)
 
 
-def report(
-    cycles: list[Cycle],
-    services: int,
-    first_apply: float,
-    memory: tuple[int, int, int, int],
-    wall: float,
-) -> str:
+@dataclass(frozen=True)
+class RunFacts:
+    """What the page says of the run beside its cycles."""
+
+    services: int
+    day: str
+    wall_minutes: float | None = None
+    first_apply: float | None = None
+    memory: tuple[int, int, int, int] | None = None
+    """(RSS at rest, RSS with the requests held, their count, the container's limit)."""
+    from_log: bool = False
+
+
+def report(cycles: list[Cycle], facts: RunFacts) -> str:
     https = [c.http.seconds for c in cycles if c.http.answered]
     grpcs = [c.grpc.seconds for c in cycles if c.grpc.answered]
     colds = [c.cold_start for c in cycles if c.cold_start is not None]
+    over = [
+        a.seconds - c.cold_start
+        for c in cycles
+        if c.cold_start is not None
+        for a in (c.http, c.grpc)
+        if a.answered
+    ]
     sent = sum(2 + len(c.trickle) for c in cycles)
     answered = sum(
         c.http.answered + c.grpc.answered + sum(a.answered for a in c.trickle) for c in cycles
@@ -155,24 +172,22 @@ def report(
     )
     lost = sent - answered - refused
     to_zero = [c.to_zero_seconds for c in cycles if c.index > 0]
-    cold_p50 = statistics.median(colds) if colds else float("nan")
-    rest, rss, count, limit = memory
+    took = "" if facts.wall_minutes is None else f", {facts.wall_minutes:.0f} min"
     lines = [
         BEGIN,
         "## On the real node",
         "",
         f"Measured with `python -m tests.e2e.bench_scale_to_zero --cycles {len(cycles)} "
-        f"--services {services}` on "
-        f"{datetime.date.today().isoformat()} ({platform.machine()}, "
-        f"{_cores()} cores, {wall / 60:.0f} min): {services} services of the example MLP, "
-        "each in its own namespace cycling on its own (their cold starts may overlap: both "
-        "the wakes and the cold starts below are measured under that contention), at "
-        "`minReplicas: 0`, "
-        f"`scaleToZero.idleSeconds` {IDLE_SECONDS}, `evaluationIntervalSeconds` 5, CPU 500m; "
-        "Kiln's activator from the chart (2 pods of the runtime image); one HTTP request and one "
-        "tritonclient gRPC call sent at once to the Service's cluster IP at zero, per cycle, "
-        f"then {TRICKLE} HTTP requests to the woken pod. Cold start: the woken pod's creation to "
-        "its warm-up gate (1 s resolution), the same cycles.",
+        f"--services {facts.services}` on {facts.day} ({platform.machine()}, "
+        f"{_cores()} shared cores{took}): {facts.services} services of the example MLP, each "
+        "in its own namespace cycling on its own (their cold starts sometimes overlap: the "
+        "wakes and the cold starts are measured under the same contention), at "
+        f"`minReplicas: 0`, `scaleToZero.idleSeconds` {IDLE_SECONDS}, "
+        "`evaluationIntervalSeconds` 5, CPU 500m; Kiln's activator from the chart (2 pods of "
+        "the runtime image). Per cycle, at zero (replicas 0, no pod, the Service's endpoints the "
+        "activator's): one HTTP request and one tritonclient gRPC call at once to the Service's "
+        f"cluster IP, then {TRICKLE} HTTP requests to the woken pod. Cold start: the woken pod's "
+        "creation to its warm-up gate (the API's timestamps, 1 s resolution), the same cycle.",
         "",
         "| | cycles | p50 | p99 | max |",
         "|---|---:|---:|---:|---:|",
@@ -181,6 +196,7 @@ def report(
         ("wake latency, HTTP (first request at zero -> answer)", https),
         ("wake latency, gRPC (first call at zero -> answer)", grpcs),
         ("cold start (pod created -> warm-up gate)", colds),
+        ("wake latency - the same cycle's cold start", over),
         ("last request -> at zero again", to_zero),
     ):
         if values:
@@ -188,23 +204,80 @@ def report(
                 f"| {label} | {len(values)} | {statistics.median(values):.1f} s | "
                 f"{percentile(values, 0.99):.1f} s | {max(values):.1f} s |"
             )
-    over = [s - cold_p50 for s in https + grpcs]
+    met = bool(over) and percentile(over, 0.99) <= TARGET_OVER_COLD_START
     lines += [
         "",
-        f"- Wake latency over the cold start (p50 {cold_p50:.1f} s): p50 "
-        f"{statistics.median(over):+.1f} s, p99 {percentile(over, 0.99):+.1f} s; target "
-        f"<= +{TARGET_OVER_COLD_START:.0f} s: "
-        f"**{'met' if percentile(over, 0.99) <= TARGET_OVER_COLD_START else 'not met'}**.",
+        f"- Target: wake latency <= cold start + {TARGET_OVER_COLD_START:.0f} s: "
+        f"**{'met' if met else 'not met'}** (p50 {statistics.median(over):+.1f} s, p99 "
+        f"{percentile(over, 0.99):+.1f} s over the same cycle's cold start).",
         f"- Requests: {sent} sent, {answered} answered, {refused} refused as waking, "
         f"**{lost} lost** (target 0).",
-        f"- The first apply -> first answer through the Service (a new service's cold start, "
-        f"the image on the node): {first_apply:.1f} s.",
-        f"- Activator at {count} held HTTP requests of {HELD_BODY >> 10} KiB (one pod): "
-        f"{rss / 2**20:.0f} MiB RSS, {rest / 2**20:.0f} MiB at rest; container limit "
-        f"{limit / 2**20:.0f} MiB.",
-        END,
     ]
+    if facts.first_apply is not None:
+        lines.append(
+            f"- The first apply -> first answer through the Service (a new service's cold "
+            f"start, the image on the node): {facts.first_apply:.1f} s."
+        )
+    if facts.memory is not None:
+        rest, rss, count, limit = facts.memory
+        lines.append(
+            f"- Activator at {count} held HTTP requests of {HELD_BODY >> 10} KiB (one pod): "
+            f"{rss / 2**20:.0f} MiB RSS, {rest / 2**20:.0f} MiB at rest; container limit "
+            f"{limit / 2**20:.0f} MiB."
+        )
+    if facts.from_log:
+        lines.append(
+            "- Written from the run's own per-cycle lines (`--from-log`): the run stopped after "
+            "its last cycle, at the activator's memory reading (a path its container lacks, "
+            "fixed since), before writing this page; the end-to-end test measures that memory "
+            "(`tests/e2e/test_scale_to_zero.py`)."
+        )
+    lines += [
+        "",
+        "<details><summary>Every cycle</summary>",
+        "",
+        "| service | cycle | at zero after | HTTP | gRPC | cold start | trickle answered |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in cycles:
+        cold = "?" if c.cold_start is None else f"{c.cold_start:.0f} s"
+        lines.append(
+            f"| {c.service} | {c.index + 1} | {c.to_zero_seconds:.0f} s | {c.http.seconds:.1f} s "
+            f"({c.http.status}) | {c.grpc.seconds:.1f} s ({c.grpc.status}) | {cold} | "
+            f"{sum(a.answered for a in c.trickle)} of {len(c.trickle)} |"
+        )
+    lines += ["", "</details>", END]
     return "\n".join(lines) + "\n"
+
+
+CYCLE_LINE = re.compile(
+    r"^(?P<service>\S+) cycle (?P<index>\d+): at zero after (?P<zero>\d+) s; "
+    r"HTTP (?P<http>[\d.]+) s \((?P<http_status>-?\d+)\), "
+    r"gRPC (?P<grpc>[\d.]+) s \((?P<grpc_status>-?\d+)\); "
+    r"cold start (?P<cold>[\d.]+|None); trickle \[(?P<trickle>[-\d, ]*)\]$"
+)
+
+
+def cycles_from_log(text: str) -> list[Cycle]:
+    """The cycles a run printed (`one_cycle`'s lines), for a page written after the run."""
+    cycles = []
+    for line in text.splitlines():
+        found = CYCLE_LINE.match(line.strip())
+        if found is None:
+            continue
+        trickle = [Answer(int(s), 0.0) for s in found["trickle"].split(",") if s.strip()]
+        cycles.append(
+            Cycle(
+                float(found["zero"]),
+                Answer(int(found["http_status"]), float(found["http"])),
+                Answer(int(found["grpc_status"]), float(found["grpc"])),
+                None if found["cold"] == "None" else float(found["cold"]),
+                trickle,
+                int(found["index"]) - 1,
+                found["service"],
+            )
+        )
+    return cycles
 
 
 def _cores() -> int:
@@ -231,7 +304,16 @@ def main() -> None:
         help="services cycling at once, each in its own namespace (halves the run's time)",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--from-log", type=Path,
+        help="write the page from a run's printed cycles (no cluster), dated --day",
+    )  # fmt: skip
+    parser.add_argument("--day", default=datetime.date.today().isoformat())
     args = parser.parse_args()
+    if args.from_log is not None:
+        cycles = cycles_from_log(args.from_log.read_text())
+        write(args.out, report(cycles, RunFacts(args.services, args.day, from_log=True)))
+        return
     began = time.monotonic()
     subprocess.run(
         ["make", "image-runtime", f"RUNTIME_IMAGE={RUNTIME_IMAGE}"], cwd=REPO, check=True
@@ -278,7 +360,7 @@ def main() -> None:
             done: list[Cycle] = []
             for index in range(rounds):
                 cycle = one_cycle(cluster, ips, space)
-                cycle.index = index
+                cycle.index, cycle.service = index, space
                 done.append(cycle)
                 print(
                     f"{space} cycle {index + 1}: at zero after {cycle.to_zero_seconds:.0f} s; "
@@ -291,8 +373,14 @@ def main() -> None:
 
         with ThreadPoolExecutor(len(spaces)) as pool:
             cycles = [c for done in pool.map(cycles_of, spaces) for c in done]
-        memory = held_memory(cluster)
-        section = report(cycles, args.services, first_apply, memory, time.monotonic() - began)
+        facts = RunFacts(args.services, datetime.date.today().isoformat(), first_apply=first_apply)
+        write(args.out, report(cycles, facts))  # the cycles kept, whatever comes next
+        facts = dataclasses.replace(
+            facts,
+            memory=held_memory(cluster),
+            wall_minutes=(time.monotonic() - began) / 60,
+        )
+        section = report(cycles, facts)
         print(section)
         write(args.out, section)
     finally:

@@ -278,17 +278,26 @@ def read_control(ip: str, path: str) -> Any:
 
 
 def activator_memory(cluster: E2ECluster, pod: ActivatorPod) -> tuple[int, int]:
-    """(the activator process's RSS, its container's cgroup memory) in bytes."""
+    """(the activator process's RSS, its container's memory as the kernel charges it: cgroup
+    v2's memory.current, v1's usage_in_bytes, or the RSS where the container sees neither) in
+    bytes."""
     code = (
         "import re\n"
         "rss = int(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/1/status').read())[1]) * 1024\n"
-        "print(rss, open('/sys/fs/cgroup/memory.current').read().strip())\n"
+        "charged = rss\n"
+        "for path in ('/sys/fs/cgroup/memory.current',\n"
+        "             '/sys/fs/cgroup/memory/memory.usage_in_bytes'):\n"
+        "    try:\n"
+        "        charged = int(open(path).read()); break\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(rss, charged)\n"
     )
     got = cluster.kubectl(
         "exec", "-n", ACTIVATOR_NAMESPACE, pod.name, "--", "python", "-c", code, timeout=30
     )
-    rss, current = got.stdout.split()
-    return int(rss), int(current)
+    rss, charged = got.stdout.split()
+    return int(rss), int(charged)
 
 
 def memory_limit(cluster: E2ECluster) -> int:
