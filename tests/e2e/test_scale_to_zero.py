@@ -384,7 +384,7 @@ def test_a_prewarm_schedule_wakes_the_service_from_zero_before_its_start(
 
 
 def _event_time(event: dict[str, object]) -> float:
-    stamp = event.get("lastTimestamp") or event.get("eventTime")
+    stamp = event.get("firstTimestamp") or event.get("eventTime") or event.get("lastTimestamp")
     assert isinstance(stamp, str), event
     stamp = stamp.split(".")[0].rstrip("Z")
     return datetime.fromisoformat(stamp).replace(tzinfo=UTC).timestamp()
