@@ -67,7 +67,9 @@ class E2ECluster:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
 
-def _start_operator(cluster: E2ECluster, log: Path, prometheus: str) -> subprocess.Popen[bytes]:
+def _start_operator(
+    cluster: E2ECluster, log: Path, prometheus: str, extra_env: dict[str, str]
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "KUBECONFIG": str(cluster.kubeconfig),
@@ -75,6 +77,7 @@ def _start_operator(cluster: E2ECluster, log: Path, prometheus: str) -> subproce
         "KILN_PROMETHEUS_URL": prometheus,
         # The real node advertises GPUs it does not have: GPU services' runtimes run on its CPU.
         "KILN_IMITATED_GPUS": "true",
+        **extra_env,
     }
     env.pop("KUBERNETES_SERVICE_HOST", None)
     with log.open("wb") as out:
@@ -160,12 +163,19 @@ class HostOperator:
     """The operator as a process of this machine (the local cluster), stopped while a test runs
     its own operator in the cluster (`paused`): two operators must never serve one namespace."""
 
-    def __init__(self, cluster: E2ECluster, log: Path, prometheus: str) -> None:
+    def __init__(
+        self,
+        cluster: E2ECluster,
+        log: Path,
+        prometheus: str,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self._cluster, self._log, self._prometheus = cluster, log, prometheus
+        self._extra_env = dict(extra_env or {})
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self._process = _start_operator(self._cluster, self._log, self._prometheus)
+        self._process = _start_operator(self._cluster, self._log, self._prometheus, self._extra_env)
 
     def stop(self) -> None:
         process, self._process = self._process, None

@@ -6,7 +6,9 @@ requests (`GET /v1/demand` on each activator pod's control port, summed); and th
 releases those requests only to pods the operator reports as ready, i.e. past their warm-up gate
 (`PUT /v1/services/NAMESPACE/NAME/backends`). The activator pods are found by resolving one
 DNS name (`KILN_ACTIVATOR_CONTROL`, the chart's headless Service `host:port`): every address it
-resolves to is one activator pod, so no API read and no RBAC is needed. Every call is bounded
+resolves to is one activator pod, so no API read and no RBAC is needed; where no cluster DNS
+answers (an operator run outside the cluster, the local cluster), a comma-separated list of
+`host:port` names the pods one by one. Every call is bounded
 by a timeout; a pod that does not answer is left out (the others' counts stand), and when none
 answers the demand is unknown (None), which `decide` treats as no news, never as zero.
 """
@@ -29,14 +31,25 @@ DEMAND_MAX_AGE_SECONDS = 1.0
 ServiceKey = tuple[str, str]
 
 
+def parse_control(control: str) -> list[tuple[str, int]]:
+    """(host, port) of each `host:port` in KILN_ACTIVATOR_CONTROL (comma-separated)."""
+    targets: list[tuple[str, int]] = []
+    for item in control.split(","):
+        host, _, port = item.strip().rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(
+                f"KILN_ACTIVATOR_CONTROL must be host:port[,host:port...], not {control!r}"
+            )
+        targets.append((host, int(port)))
+    return targets
+
+
 class Activators:
     """Every activator pod behind one DNS name, read and told through its control port."""
 
     def __init__(self, control: str, timeout: float = TIMEOUT_SECONDS) -> None:
-        host, _, port = control.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"KILN_ACTIVATOR_CONTROL must be host:port, not {control!r}")
-        self.host, self.port = host, int(port)
+        self.targets = parse_control(control)
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
         self._demand: dict[ServiceKey, int] | None = None
@@ -45,15 +58,17 @@ class Activators:
         self._reported: dict[ServiceKey, tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
     async def addresses(self) -> list[str]:
-        """`ip:port` of every activator pod the name resolves to now (none if it does not)."""
+        """`ip:port` of every activator pod the names resolve to now (none if they do not)."""
         loop = asyncio.get_running_loop()
-        try:
-            found = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
-        except OSError as error:
-            logger.warning(f"activator control {self.host} does not resolve: {error}")
-            return []
-        ips = sorted({str(info[4][0]) for info in found})
-        return [f"[{ip}]:{self.port}" if ":" in ip else f"{ip}:{self.port}" for ip in ips]
+        found: set[tuple[str, int]] = set()
+        for host, port in self.targets:
+            try:
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError as error:
+                logger.warning(f"activator control {host} does not resolve: {error}")
+                continue
+            found.update((str(info[4][0]), port) for info in infos)
+        return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip, port in sorted(found)]
 
     async def held(self, key: ServiceKey) -> int | None:
         """Requests the activators hold for the service now; None when none answered."""

@@ -57,6 +57,20 @@ _OK_HEADERS = hpack.encode(
 _OK_TRAILERS = hpack.encode([(b"grpc-status", b"0")])
 
 
+REFUSE_AHEAD_SECONDS = 0.5
+"""A held gRPC call is refused this long before its own deadline (at most a tenth of it), so
+that UNAVAILABLE ("waking") reaches the client before the client gives up with
+DEADLINE_EXCEEDED and learns nothing."""
+
+
+def refuse_by(started: float, timeout: float | None) -> float | None:
+    """When a call with ``grpc-timeout`` ``timeout`` (seconds, from ``started``) stops waiting in
+    the hold: a margin before its deadline, so its refusal arrives in time; None: no deadline."""
+    if timeout is None:
+        return None
+    return started + timeout - min(REFUSE_AHEAD_SECONDS, timeout / 10)
+
+
 def service_of(host: str) -> ServiceKey | None:
     """(namespace, name) from a Host or :authority, or None if it names no namespace."""
     name = host.rsplit("]", 1)[-1].split(":", 1)[0] if host.startswith("[") else host
@@ -186,7 +200,9 @@ class ActivatorGrpc:
             return grpc_status(grpc.StatusCode.INVALID_ARGUMENT, error.message)
         deadline = None if timeout is None else started + timeout
         try:
-            release = await self.holds.wait(key, len(message), grpc=True, deadline=deadline)
+            release = await self.holds.wait(
+                key, len(message), grpc=True, deadline=refuse_by(started, timeout)
+            )
         except Refused as refused:
             REFUSED.labels(refused.reason).inc()
             return grpc_status(grpc.StatusCode.UNAVAILABLE, str(refused))

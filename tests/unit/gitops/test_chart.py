@@ -314,3 +314,19 @@ def test_the_activator_ships_restricted_with_its_control_port_for_the_operator_o
     assert ("Deployment", "kiln-activator") not in default
     refused = template(helm, "--set", "activator.hold.maxRequests=0", check=False)
     assert refused.returncode != 0 and "maxRequests" in refused.stderr
+
+
+def test_the_activators_args_are_what_its_own_flags_parse(helm: list[str]) -> None:
+    # Helm renders a large number from values as a float: the chart once gave the activator
+    # `--max-held-bytes=2.68435456e+08`, and its pods crash-looped on the real node.
+    from kiln_runtime.activator.__main__ import parse
+
+    for extra in ([], ["--set", "activator.hold.maxBytes=1073741824"]):
+        objects = keyed(documents(template(helm, "--set", "activator.enabled=true", *extra).stdout))
+        (container,) = objects[("Deployment", "kiln-activator")]["spec"]["template"]["spec"][
+            "containers"
+        ]
+        _, _, settings = parse(container["args"])
+        assert settings.hold.max_bytes == (1 << 30 if extra else 256 << 20)
+        assert settings.hold.max_requests == 1000
+        assert settings.max_in_flight_per_pod == 64

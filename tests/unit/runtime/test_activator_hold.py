@@ -7,7 +7,7 @@ import time
 import pytest
 
 from kiln_runtime.activator.control import _backends
-from kiln_runtime.activator.fronts import service_of
+from kiln_runtime.activator.fronts import refuse_by, service_of
 from kiln_runtime.activator.hold import HoldLimits, Holds, Refused
 
 MLP = ("models", "mlp")
@@ -144,3 +144,12 @@ def test_backends_are_validated() -> None:
     for bad in bad_bodies:
         with pytest.raises(ValueError):
             _backends(bad)
+
+
+def test_a_held_grpc_call_is_refused_before_its_own_deadline_so_the_refusal_arrives() -> None:
+    # on the real node a call with a 1 s deadline held at zero ended DEADLINE_EXCEEDED on the
+    # client, the activator's UNAVAILABLE ("waking") arriving at the same instant: too late
+    assert refuse_by(100.0, None) is None
+    assert refuse_by(100.0, 40.0) == pytest.approx(139.5)
+    assert refuse_by(100.0, 1.0) == pytest.approx(100.9)
+    assert refuse_by(100.0, 0.01) == pytest.approx(100.009)
