@@ -293,6 +293,14 @@ def operator_fields_outside_status(cluster: E2ECluster, namespace: str) -> dict[
     return owned
 
 
+def answers(address: str) -> bool:
+    try:
+        http_call(address)
+    except Exception:  # not yet: kube-proxy does not route to its endpoints yet
+        return False
+    return True
+
+
 def service_manifest(name: str, model: Model) -> str:
     spec = yaml.safe_load(inference_service(name, model))
     spec["spec"]["model"]["name"] = "mlp"  # the name the clients ask for
@@ -358,6 +366,13 @@ def test_upgrade_and_rollback_under_load_fail_no_request_and_touch_no_users_obje
         service_address(cluster, namespace, SERVICES[2]) as third,
     ):
         addresses = dict(zip(SERVICES, (first, second, third), strict=True))
+        for address in addresses.values():
+            # kube-proxy follows a new Service's endpoints a moment after they are ready (a run
+            # saw connections refused for the first calls): the load starts once each answers.
+            wait_for(
+                functools.partial(answers, address[HTTP]), timeout=60, interval=0.5,
+                description="each Service answering through its cluster IP",
+            )  # fmt: skip
         try:
             for name, address in addresses.items():
                 call, close = grpc_caller(address[GRPC])
