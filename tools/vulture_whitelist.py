@@ -68,8 +68,10 @@ _._images_without_dot_segments
 _._urls_without_dot_segments
 
 # pydantic fields: part of the CRD schema and written to the API server by model_dump
-# (api/v1alpha1/), or persisted in the autoscaler's state annotation (autoscaling/state.py).
+# (api/v1alpha1/), or persisted in the autoscaler's state (autoscaling/state.py); the state's
+# status field is written by its own apply (k8s/autoscaler.py, as `STATE_FIELD`).
 _.api_version
+_.autoscaler_state
 _.updated_replicas
 _.available_replicas
 _.last_transition_time

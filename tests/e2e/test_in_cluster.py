@@ -8,7 +8,9 @@ through its Service with the chart's own CA bundle — and a whole user path run
 apply → warm-up gate → Ready → load through the cluster IP → scale up and down → delete, with
 nothing left. Then what the ServiceAccount may do is compared with the committed list
 (manifests/operator-rights.txt), the webhook is timed with every operator pod gone, and
-`helm uninstall` is shown to leave every InferenceService serving.
+`helm uninstall` is shown to leave every InferenceService serving. Before all that, Kiln is
+installed once with `kubectl apply -k` (the kustomize manifests) and serves an InferenceService.
+The upgrade and rollback of a serving release are tests/e2e/test_upgrade.py.
 
 The local cluster relays the API server and Prometheus to the real node's bridge address
 (kiln_localcluster.relay), as a cluster's network gives pods their API server; the chart's
@@ -64,6 +66,11 @@ INSTALL = (
 """The README's install, word for word (test_the_readme_shows_these_commands)."""
 UNINSTALL = (f"helm uninstall {RELEASE} -n {SYSTEM}", "bash manifests/uninstall-crds.sh")
 """The README's uninstall, word for word."""
+KUSTOMIZE_OVERLAY = "e2e/cluster/kustomize/"
+"""manifests/ with the local cluster's image tag, pull policy and node (as kiln-values.yaml)."""
+KUSTOMIZE_INSTALL = f"kubectl apply -k {KUSTOMIZE_OVERLAY}"
+"""The README's kustomize install as the test runs it (the README shows `manifests/`, and this
+overlay as a user's example)."""
 RIGHTS = REPO / "manifests" / "operator-rights.txt"
 DENIED = 'admission webhook "validate.inferenceservices.serving.kiln.dev" denied the request'
 MIN_ABOVE_MAX = "spec.autoscaling: minReplicas (5) must not exceed maxReplicas (2)"
@@ -92,13 +99,19 @@ class Tools:
         }
 
     def run(
-        self, command: str, *extra: str, input: str | None = None, check: bool = True
+        self,
+        command: str,
+        *extra: str,
+        input: str | None = None,
+        check: bool = True,
+        cwd: Path = REPO,
     ) -> subprocess.CompletedProcess[str]:
-        """One README command (its first word resolved to the pinned binary), plus `extra`."""
+        """One README command (its first word resolved to the pinned binary), plus `extra`, run
+        from the root of this checkout (or of another tree of the repository: `cwd`)."""
         argv = shlex.split(command)
         argv[0] = self.binaries.get(argv[0], argv[0])
         result = subprocess.run(
-            [*argv, *extra], cwd=REPO, env=self.env, input=input, capture_output=True,
+            [*argv, *extra], cwd=cwd, env=self.env, input=input, capture_output=True,
             text=True, timeout=300, check=False,
         )  # fmt: skip
         if check and result.returncode != 0:
@@ -150,11 +163,11 @@ def acting(log: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def kiln(
+def tools(
     cluster: E2ECluster, operator: HostOperator | None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Tools]:
-    """Kiln installed by the README's commands into `kiln-system`, the suite's own operator
-    stopped meanwhile; uninstalled and its namespace deleted afterwards."""
+) -> Tools:
+    """kubectl and helm for the README's commands, this checkout's operator image built and
+    imported into the node; `kiln-system` not there yet."""
     if cluster.local is None or operator is None:
         missing_component("the operator image is imported into the local cluster's node")
         raise AssertionError("unreachable")
@@ -164,6 +177,64 @@ def kiln(
         timeout=1200, capture_output=True,
     )  # fmt: skip
     cluster.local.import_image(IMAGE)
+    if cluster.kubectl("get", "namespace", SYSTEM, check=False).returncode == 0:
+        pytest.fail(f"namespace {SYSTEM} exists already (from another test?): delete it first")
+    return tools
+
+
+def test_kubectl_apply_k_installs_operator_pods_that_serve_an_inferenceservice(
+    cluster: E2ECluster, tools: Tools, operator: HostOperator, namespace: str, model: Model
+) -> None:
+    """The kustomize install (manifests/, through the local cluster's overlay): the operator's
+    two pods Ready, one InferenceService served to Ready; then everything but the CRDs removed
+    (the rest of the suite's InferenceServices need them), before the Helm install below."""
+    rendered = list(yaml.safe_load_all(tools.run(f"kubectl kustomize {KUSTOMIZE_OVERLAY}").stdout))
+    installed = [o for o in rendered if o and o["kind"] != "CustomResourceDefinition"]
+    with operator.paused():
+        try:
+            started = time.monotonic()
+            applied = tools.run(KUSTOMIZE_INSTALL)
+            print(f"\n$ {KUSTOMIZE_INSTALL}\n{applied.stdout}")
+            wait_operator_ready(cluster)
+            pods_ready = time.monotonic() - started
+            name = "mlp"
+            spec = yaml.safe_load(inference_service(name, model))
+            spec["spec"]["resources"] = {"gpuCount": 0, "cpu": "300m", "memory": "1Gi"}
+            started = time.monotonic()
+            cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(spec))
+            cluster.kubectl(
+                "wait", "-n", namespace, "--for=condition=Ready", f"inferenceservice/{name}",
+                "--timeout=240s", timeout=250,
+            )  # fmt: skip
+            to_ready = time.monotonic() - started
+            with service_address(cluster, namespace, name) as address:
+                assert infer_http(address[HTTP]).shape == (1, 10)
+            for pod in operator_pods(cluster):
+                assert pod["spec"]["serviceAccountName"] == OPERATOR
+                assert image_of(pod) == IMAGE
+            cluster.kubectl("delete", "inferenceservice", name, "-n", namespace, "--wait=true")
+        finally:
+            cluster.kubectl(
+                "delete", "--ignore-not-found", "--wait=true", "-f", "-",
+                input=yaml.safe_dump_all(installed), check=False, timeout=180,
+            )  # fmt: skip
+    print(
+        f"kubectl apply -k -> 2 operator pods Ready {pods_ready:.1f} s; an InferenceService"
+        f" applied -> Ready {to_ready:.1f} s, answered through its cluster IP"
+    )
+
+
+def image_of(pod: dict[str, Any]) -> str:
+    (container,) = pod["spec"]["containers"]
+    image: str = container["image"]
+    return image
+
+
+@pytest.fixture(scope="module")
+def kiln(cluster: E2ECluster, tools: Tools, operator: HostOperator) -> Iterator[Tools]:
+    """Kiln installed by the README's commands into `kiln-system`, the suite's own operator
+    stopped meanwhile; uninstalled and its namespace deleted afterwards."""
+    assert cluster.local is not None
     prometheus = cluster.local.pod_prometheus_url()
     if cluster.kubectl("get", "namespace", SYSTEM, check=False).returncode == 0:
         pytest.fail(f"namespace {SYSTEM} exists already (from another test?): delete it first")
@@ -171,8 +242,11 @@ def kiln(
         try:
             started = time.monotonic()
             for command in INSTALL[:-1]:
-                tools.run(command)
-            tools.run(INSTALL[-1], "-f", LOCAL_VALUES, "--set", f"prometheus.url={prometheus}")
+                print(f"\n$ {command}\n{tools.run(command).stdout}", end="")
+            installed = tools.run(
+                INSTALL[-1], "-f", LOCAL_VALUES, "--set", f"prometheus.url={prometheus}"
+            )
+            print(f"$ {INSTALL[-1]}\n{installed.stdout}", end="")
             wait_operator_ready(cluster)
             print(f"\nhelm install -> 2 operator pods Ready: {time.monotonic() - started:.1f} s")
             yield tools
@@ -440,5 +514,7 @@ def readme_commands() -> str:
 
 def test_the_readme_shows_these_commands() -> None:
     section = readme_commands()
-    for command in (*INSTALL, *UNINSTALL):
-        assert f"\n{command}" in section, command
+    for command in (*INSTALL, *UNINSTALL, "kubectl apply -k manifests/", KUSTOMIZE_INSTALL):
+        assert f"\n{command}" in section or f"\n$ {command}" in section, command
+    overlay = (REPO / KUSTOMIZE_OVERLAY / "kustomization.yaml").read_text()
+    assert overlay.split("apiVersion:", 1)[1] in section  # the overlay, shown whole

@@ -105,7 +105,7 @@ _VOLATILE = {"last_queue_total", "last_observed_at", "capacity_fit", "capacity_p
 
 
 def state_needs_write(written: ScalerState, new: ScalerState) -> bool:
-    """Whether `new` should replace the written state annotation."""
+    """Whether `new` should replace the written state (status.autoscalerState)."""
     if new.model_dump(exclude=_VOLATILE) != written.model_dump(exclude=_VOLATILE):
         return True
     return CAPACITY_BAND.moved(written.capacity_per_replica, new.capacity_per_replica)

@@ -1,24 +1,42 @@
-"""The autoscaler's memory, kept on the InferenceService as an annotation.
+"""The autoscaler's memory, kept on the InferenceService in `status.autoscalerState`.
 
 Why it exists: cooldowns, the hold window, the capacity estimate and pre-warm bookkeeping must
 survive an operator restart, so a restarted operator decides exactly as the old one would have
 (the dask-kubernetes lesson). The state is a small JSON document; parsing it is strict and a
-damaged annotation gives a clear error instead of a silent reset.
+damaged one gives a clear error instead of a silent reset.
+
+It lives in status, so that the operator writes nothing of a user's object but its status (an
+upgrade of Kiln, a restart, a scale: the object's metadata stays as its owner left it). Earlier
+versions kept it in the annotation `STATE_ANNOTATION`; `written_state_text` still reads that
+one while status holds none (the first passes after an upgrade), and it is never written again.
 """
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kiln_operator.autoscaling.capacity import CapacityFit
 
+STATE_FIELD = "autoscalerState"
+"""The status field holding `ScalerState` as JSON."""
 STATE_ANNOTATION = "serving.kiln.dev/autoscaler-state"
-"""The annotation key holding `ScalerState` as JSON."""
+"""Where versions before `STATE_FIELD` kept it: read, never written."""
 
 
 class InvalidScalerState(ValueError):
-    """The state annotation exists but is not a valid `ScalerState`."""
+    """The written state exists but is not a valid `ScalerState`."""
+
+
+def written_state_text(body: dict[str, Any]) -> str | None:
+    """The state as written on the object: `status.autoscalerState`, else (written by a version
+    before it) the annotation; None when neither holds one."""
+    text = (body.get("status") or {}).get(STATE_FIELD)
+    if text:
+        return str(text)
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    legacy = annotations.get(STATE_ANNOTATION)
+    return str(legacy) if legacy else None
 
 
 class WindowState(BaseModel):
@@ -60,18 +78,19 @@ class ScalerState(BaseModel):
     """The last cold start the warm-up gate measured: at zero no pod is left to measure, and a
     pre-warm window still wakes the service ahead by it."""
 
-    def to_annotation(self) -> str:
-        """The JSON stored under `STATE_ANNOTATION`."""
+    def to_text(self) -> str:
+        """The JSON stored in `STATE_FIELD` (as it was in `STATE_ANNOTATION`)."""
         return self.model_dump_json(exclude_defaults=True)
 
     @classmethod
-    def from_annotation(cls, text: str | None) -> "ScalerState":
-        """Parse the annotation; a missing one is a fresh state, a damaged one an error."""
+    def from_text(cls, text: str | None) -> "ScalerState":
+        """Parse the written state; a missing one is a fresh state, a damaged one an error."""
         if text is None or not text.strip():
             return cls()
         try:
             return cls.model_validate_json(text)
         except ValidationError as error:
             raise InvalidScalerState(
-                f"annotation {STATE_ANNOTATION} is not a valid autoscaler state: {error}"
+                f"status.{STATE_FIELD} (or the annotation {STATE_ANNOTATION}) is not a valid"
+                f" autoscaler state: {error}"
             ) from error

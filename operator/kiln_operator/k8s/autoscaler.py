@@ -2,15 +2,15 @@
 
 Why it exists: `decide` is pure; this module gathers its inputs (the Deployment's replicas, the
 pods' warm-up times, whether pods asked for cannot be created or scheduled, Prometheus' signals,
-the state kept in an annotation on the object), and carries out the decision: pod-deletion-cost on
+the state kept in the object's status), and carries out the decision: pod-deletion-cost on
 the idlest pods before a scale-down, the Deployment's scale subresource (the only write of
 `replicas` anywhere in Kiln), status and state written only when something a reader would act on
 changed (`autoscaling.quiet`), and an event on each change of replicas. It reads the
 InferenceService, its Deployment and its pods from the operator's watch-fed ObjectCache, and each
 Prometheus endpoint through one shared `PrometheusSource`. Between evaluations it keeps the full
-decision state in memory; the annotation holds the part a restarted operator needs. It remembers
-the resourceVersions of its own writes, so the watch handlers can drop their echoes instead of
-queueing a reconcile.
+decision state in memory; status.autoscalerState holds the part a restarted operator needs. It
+remembers the resourceVersions of its own writes, so the watch handlers can drop their echoes
+instead of queueing a reconcile.
 """
 
 import asyncio
@@ -35,7 +35,12 @@ from kiln_operator.autoscaling.quiet import (
     state_needs_write,
     status_needs_write,
 )
-from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState
+from kiln_operator.autoscaling.state import (
+    STATE_FIELD,
+    InvalidScalerState,
+    ScalerState,
+    written_state_text,
+)
 from kiln_operator.builders.canary import canary_name, revision_of
 from kiln_operator.builders.compare import needs_update
 from kiln_operator.builders.deployment import build_deployment
@@ -97,6 +102,9 @@ class CanaryPass:
 FIELD_MANAGER = "kiln-autoscaler"
 """The autoscaler's server-side-apply field manager: it owns status.autoscaling and the
 MetricsAvailable condition; the reconcile loop's manager owns the other conditions."""
+STATE_FIELD_MANAGER = "kiln-autoscaler-state"
+"""The manager of status.autoscalerState, written apart from status.autoscaling (each is
+written only when it changed: `autoscaling.quiet`)."""
 ROLLOUT_FIELD_MANAGER = "kiln-rollout"
 """The manager of status.rollout, written apart from status.autoscaling (an apply that left
 out a field its manager owns would remove it)."""
@@ -122,7 +130,7 @@ def metrics_condition(
 
 
 OWN_VERSIONS_KEPT = 4
-"""resourceVersions of its own writes remembered per service (status and annotation writes
+"""resourceVersions of its own writes remembered per service (status.autoscaling and the state
 come in pairs; their watch events may arrive after the next pair)."""
 
 
@@ -262,17 +270,16 @@ class Autoscaler:
             held_requests=held,
         )
 
-        annotations = body["metadata"].get("annotations") or {}
         state_problem = None
-        written_text = annotations.get(STATE_ANNOTATION)
+        written_text = written_state_text(body)
         try:
-            written_state = ScalerState.from_annotation(written_text)
+            written_state = ScalerState.from_text(written_text)
         except InvalidScalerState as error:
             state_problem, written_state = str(error), ScalerState()
         state = written_state
         remembered = self._memory.get((namespace, name))
         if remembered is not None and remembered[0] == written_text:
-            state = remembered[1]  # the annotation is ours and current: use the full state
+            state = remembered[1]  # the written state is ours and current: use the full state
         scaling = ScalingSpec(
             slo=spec.slo,
             autoscaling=spec.autoscaling,
@@ -315,13 +322,11 @@ class Autoscaler:
             )  # fmt: skip
             self._written(namespace, name, written)
         if state_problem is not None or state_needs_write(written_state, decision.state):
-            written_text = decision.state.to_annotation()
-            written = await self.kube.merge_patch(
-                INFERENCE_SERVICES,
-                namespace,
-                name,
-                {"metadata": {"annotations": {STATE_ANNOTATION: written_text}}},
-            )
+            written_text = decision.state.to_text()
+            written = await self.kube.apply_status(
+                INFERENCE_SERVICES, namespace, name, {STATE_FIELD: written_text},
+                manager=STATE_FIELD_MANAGER,
+            )  # fmt: skip
             self._written(namespace, name, written)
         self._memory[(namespace, name)] = (written_text, decision.state)
         if decision.desired_replicas < current:

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from kiln_operator import constants
 from kiln_operator.api.v1alpha1 import InferenceServiceSpec
 from kiln_operator.api.v1alpha1.rollout import RolloutStatus
-from kiln_operator.autoscaling.state import STATE_ANNOTATION, InvalidScalerState, ScalerState
+from kiln_operator.autoscaling.state import InvalidScalerState, ScalerState, written_state_text
 from kiln_operator.builders import (
     Owner,
     build_deployment,
@@ -616,9 +616,8 @@ def _failure(target: str, error: RequestFailed) -> ChildProblem:
 def _last_cold_start(body: Manifest) -> float | None:
     """The last cold start measured: the autoscaler remembers it through the time at zero (no
     pod left to measure); else the warm-up gate's status."""
-    annotations = body["metadata"].get("annotations") or {}
     try:
-        remembered = ScalerState.from_annotation(annotations.get(STATE_ANNOTATION))
+        remembered = ScalerState.from_text(written_state_text(body))
     except InvalidScalerState:
         remembered = ScalerState()  # the autoscaler reports it; the message can do without
     if remembered.cold_start_seconds is not None:

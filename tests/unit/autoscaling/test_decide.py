@@ -443,7 +443,7 @@ def test_user_lead_time_overrides_the_measured_cold_start() -> None:
 def test_state_survives_a_restart_through_the_annotation() -> None:
     spec = make_spec()
     first = decide(4, seen(4, p99=0.9, queue=30, rate=400), spec, ScalerState(), NOW)
-    restored = ScalerState.from_annotation(first.state.to_annotation())
+    restored = ScalerState.from_text(first.state.to_text())
     later = NOW + timedelta(seconds=15)
     observed = seen(4, p99=0.9, queue=40, rate=400, at=later)
     assert decide(first.desired_replicas, observed, spec, restored, later) == decide(
@@ -453,8 +453,8 @@ def test_state_survives_a_restart_through_the_annotation() -> None:
 
 def test_damaged_state_annotation_is_a_clear_error() -> None:
     with pytest.raises(InvalidScalerState, match="autoscaler-state"):
-        ScalerState.from_annotation('{"healthy_since": "yesterday"}')
-    assert ScalerState.from_annotation(None) == ScalerState()
+        ScalerState.from_text('{"healthy_since": "yesterday"}')
+    assert ScalerState.from_text(None) == ScalerState()
 
 
 def test_naive_now_and_negative_replicas_are_refused() -> None:

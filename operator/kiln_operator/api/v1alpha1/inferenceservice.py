@@ -208,6 +208,12 @@ class InferenceServiceStatus(ApiModel):
     """In-cluster host:port of the gRPC endpoint (Open Inference Protocol)."""
     autoscaling: AutoscalingStatus | None = None
     """The autoscaler's last decision and the metrics it saw."""
+    autoscaler_state: Annotated[str | None, Field(max_length=8192)] = None
+    """The autoscaler's memory across operator restarts, as JSON (cooldowns, the hold window,
+    the capacity fit, pre-warm bookkeeping): internal, its fields may change between versions.
+    Kept in status, the operator's own part of the object, so the autoscaler never writes the
+    object's metadata (earlier versions kept it in the annotation
+    `serving.kiln.dev/autoscaler-state`, which is still read while this is empty)."""
     rollout: RolloutStatus | None = None
     """The canary of the last new version (spec.rollout.canary): phase, step, shares, replicas
     of both versions and the last verdict with its numbers."""
