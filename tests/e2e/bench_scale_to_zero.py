@@ -35,7 +35,7 @@ from pathlib import Path
 from kiln_localcluster.cluster import ClusterOptions, LocalCluster, resolve_binaries
 from kiln_localcluster.volumes import provision_claim
 from kiln_localcluster.waiting import wait_for
-from tests.e2e.conftest import STATE_DIR, E2ECluster, HostOperator, Model
+from tests.e2e.conftest import STATE_DIR, E2ECluster, HostOperator, Model, install_crds
 from tests.e2e.test_real_node import GRPC, HTTP
 from tests.e2e.zero_setup import (
     HOLD_TIMEOUT_SECONDS,
@@ -325,14 +325,7 @@ def main() -> None:
     try:
         local.import_image(RUNTIME_IMAGE)
         cluster = E2ECluster(Path(info.kubeconfig), resolve_binaries() / "kubectl", local)
-        cluster.kubectl("apply", "-k", str(REPO / "crds"))
-        wait_for(
-            lambda: cluster.kubectl(
-                "get", "crd/inferenceservices.serving.kiln.dev", "-o",
-                "jsonpath={.status.conditions[?(@.type=='Established')].status}", check=False,
-            ).stdout.strip() == "True",
-            timeout=60, description="the InferenceService CRD established",
-        )  # fmt: skip
+        install_crds(cluster)
         pods = deploy_activator(cluster)
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         operator = HostOperator(

@@ -136,6 +136,19 @@ def pytest_runtest_makereport(
     return report
 
 
+def install_crds(cluster: E2ECluster) -> None:
+    """Kiln's CRDs applied, and waited for until the API serves InferenceServices."""
+    cluster.kubectl("apply", "-k", str(REPO / "crds"))
+    # `kubectl wait` fails outright while a new CRD has no conditions yet: poll instead
+    wait_for(
+        lambda: cluster.kubectl(
+            "get", "crd/inferenceservices.serving.kiln.dev", "-o",
+            "jsonpath={.status.conditions[?(@.type=='Established')].status}", check=False,
+        ).stdout.strip() == "True",
+        timeout=60, description="the InferenceService CRD established",
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> E2ECluster:
     external = os.environ.get("KILN_E2E_KUBECONFIG")
@@ -147,15 +160,7 @@ def cluster(request: pytest.FixtureRequest) -> E2ECluster:
         return E2ECluster(Path(external), kubectl_path, local=None)
     session: SessionCluster = request.getfixturevalue("real_node")
     cluster = E2ECluster(Path(session.info.kubeconfig), kubectl_path, local=session.local)
-    cluster.kubectl("apply", "-k", str(REPO / "crds"))
-    # `kubectl wait` fails outright while a new CRD has no conditions yet: poll instead
-    wait_for(
-        lambda: cluster.kubectl(
-            "get", "crd/inferenceservices.serving.kiln.dev", "-o",
-            "jsonpath={.status.conditions[?(@.type=='Established')].status}", check=False,
-        ).stdout.strip() == "True",
-        timeout=60, description="the InferenceService CRD established",
-    )  # fmt: skip
+    install_crds(cluster)
     return cluster
 
 
