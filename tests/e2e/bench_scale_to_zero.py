@@ -11,8 +11,9 @@ the service is at zero (replicas 0, no pod, the Service's endpoints the activato
 one HTTP request and one tritonclient gRPC call at once (each on a connection of its own,
 through the Service's cluster IP, naming the service as cluster DNS does), then a trickle of
 HTTP requests to the woken pod. The cold start of each cycle is the woken pod's own: from its
-creation to its warm-up gate (the API's timestamps, 1 s resolution). Last, one activator pod
-holds 1,000 requests of 10 KiB.
+creation to its warm-up gate's verdict, both as a watch of the pods reports them (`PodWatch`;
+the API's own timestamps have a 1 s resolution, too coarse for a 1 s target). Last, one
+activator pod holds 1,000 requests of 10 KiB.
 
     python -m tests.e2e.bench_scale_to_zero --cycles 20 --services 2 \
         --out docs/benchmarks/scale-to-zero.md
@@ -27,6 +28,7 @@ import platform
 import re
 import statistics
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,7 +47,6 @@ from tests.e2e.zero_setup import (
     activator_pods,
     control_env,
     deploy_activator,
-    gate_passed_at,
     grpc_infer,
     hold_many,
     http_infer,
@@ -88,25 +89,81 @@ def namespaces(services: int) -> list[str]:
     return [NAMESPACE, *(f"{NAMESPACE}-{index}" for index in range(2, services + 1))]
 
 
-def one_cycle(cluster: E2ECluster, activator_ips: set[str], namespace: str) -> Cycle:
+class PodWatch:
+    """When each of a service's pods was first seen and when its gate was first seen passed,
+    by this machine's monotonic clock, from `kubectl get pods --watch` (restarted whenever the
+    API server ends the watch)."""
+
+    TEMPLATE = (
+        '{.metadata.name}{" "}'
+        '{.status.conditions[?(@.type=="serving.kiln.dev/warmed-up")].status}{"\\n"}'
+    )
+
+    def __init__(self, cluster: E2ECluster, namespace: str) -> None:
+        self.command = [
+            str(cluster.kubectl_path), f"--kubeconfig={cluster.kubeconfig}", "get", "pods",
+            "-n", namespace, "-l", f"serving.kiln.dev/inferenceservice={NAME}", "--watch",
+            "-o", f"jsonpath={self.TEMPLATE}",
+        ]  # fmt: skip
+        self.seen: dict[str, float] = {}
+        self.gated: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._process: subprocess.Popen[str] | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._process = subprocess.Popen(
+                self.command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            )
+            assert self._process.stdout is not None
+            for line in self._process.stdout:
+                now = time.monotonic()
+                name, _, gate = line.strip().partition(" ")
+                with self._lock:
+                    self.seen.setdefault(name, now)
+                    if gate == "True":
+                        self.gated.setdefault(name, now)
+            self._process.wait()
+            self._stopped.wait(0.5)
+
+    def cold_start(self, since: float, timeout: float = 10.0) -> float | None:
+        """Seconds from the first pod seen after `since` to its gate's verdict seen (waiting
+        up to `timeout` for the verdict's event), or None."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                new = [(at, name) for name, at in self.seen.items() if at > since]
+                if new:
+                    at, name = min(new)
+                    if name in self.gated:
+                        return self.gated[name] - at
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+        self._thread.join(10)
+
+
+def one_cycle(
+    cluster: E2ECluster, activator_ips: set[str], namespace: str, watch: PodWatch
+) -> Cycle:
     to_zero = wait_at_zero(cluster, namespace, NAME, activator_ips, timeout=300)
     ip = service_ip(cluster, namespace, NAME)
     host = f"{NAME}.{namespace}"
     timeout = HOLD_TIMEOUT_SECONDS + 15.0
+    sent = time.monotonic()
     with ThreadPoolExecutor(2) as pool:
         http = pool.submit(http_infer, f"{ip}:{HTTP}", host, timeout)
         grpc = pool.submit(grpc_infer, f"{ip}:{GRPC}", host, timeout)
         cycle = Cycle(to_zero, http.result(), grpc.result(), None)
-    pods = [
-        item
-        for item in cluster.get_json(
-            "pods", "-n", namespace, "-l", f"serving.kiln.dev/inferenceservice={NAME}"
-        )["items"]
-        if item["metadata"].get("deletionTimestamp") is None
-    ]
-    if pods and (gated := gate_passed_at(pods[0])) is not None:
-        created = datetime.datetime.fromisoformat(pods[0]["metadata"]["creationTimestamp"])
-        cycle.cold_start = gated - created.timestamp()
+    cycle.cold_start = watch.cold_start(sent)
     for _ in range(TRICKLE):
         cycle.trickle.append(http_infer(f"{ip}:{HTTP}", host, timeout))
         time.sleep(1)
@@ -187,7 +244,8 @@ def report(cycles: list[Cycle], facts: RunFacts) -> str:
         "the runtime image). Per cycle, at zero (replicas 0, no pod, the Service's endpoints the "
         "activator's): one HTTP request and one tritonclient gRPC call at once to the Service's "
         f"cluster IP, then {TRICKLE} HTTP requests to the woken pod. Cold start: the woken pod's "
-        "creation to its warm-up gate (the API's timestamps, 1 s resolution), the same cycle.",
+        "creation to its warm-up gate's verdict, the same cycle, both as a watch of the pods "
+        "saw them (the API's own timestamps have a 1 s resolution).",
         "",
         "| | cycles | p50 | p99 | max |",
         "|---|---:|---:|---:|---:|",
@@ -240,7 +298,7 @@ def report(cycles: list[Cycle], facts: RunFacts) -> str:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for c in cycles:
-        cold = "?" if c.cold_start is None else f"{c.cold_start:.0f} s"
+        cold = "?" if c.cold_start is None else f"{c.cold_start:.1f} s"
         lines.append(
             f"| {c.service} | {c.index + 1} | {c.to_zero_seconds:.0f} s | {c.http.seconds:.1f} s "
             f"({c.http.status}) | {c.grpc.seconds:.1f} s ({c.grpc.status}) | {cold} | "
@@ -351,18 +409,24 @@ def main() -> None:
 
         def cycles_of(space: str) -> list[Cycle]:
             done: list[Cycle] = []
-            for index in range(rounds):
-                cycle = one_cycle(cluster, ips, space)
-                cycle.index, cycle.service = index, space
-                done.append(cycle)
-                print(
-                    f"{space} cycle {index + 1}: at zero after {cycle.to_zero_seconds:.0f} s; "
-                    f"HTTP {cycle.http.seconds:.1f} s ({cycle.http.status}), gRPC "
-                    f"{cycle.grpc.seconds:.1f} s ({cycle.grpc.status}); cold start "
-                    f"{cycle.cold_start}; trickle {[a.status for a in cycle.trickle]}",
-                    flush=True,
-                )
+            watch = PodWatch(cluster, space)
+            try:
+                for index in range(rounds):
+                    done.append(one_cycle(cluster, ips, space, watch))
+                    report_cycle(done[-1], index, space)
+            finally:
+                watch.stop()
             return done
+
+        def report_cycle(cycle: Cycle, index: int, space: str) -> None:
+            cycle.index, cycle.service = index, space
+            print(
+                f"{space} cycle {index + 1}: at zero after {cycle.to_zero_seconds:.0f} s; "
+                f"HTTP {cycle.http.seconds:.1f} s ({cycle.http.status}), gRPC "
+                f"{cycle.grpc.seconds:.1f} s ({cycle.grpc.status}); cold start "
+                f"{cycle.cold_start}; trickle {[a.status for a in cycle.trickle]}",
+                flush=True,
+            )
 
         with ThreadPoolExecutor(len(spaces)) as pool:
             cycles = [c for done in pool.map(cycles_of, spaces) for c in done]

@@ -11,6 +11,7 @@ decides from the cluster as it then is. Two metrics on the operator's own /metri
 itself is written only on a change.
 """
 
+import asyncio
 import datetime
 import logging
 from typing import Any
@@ -24,6 +25,7 @@ from kiln_operator.handlers.inferenceservice import (
     PROMETHEUS_URL,
     operator_scheduler,
 )
+from kiln_operator.k8s.activator import Activators
 from kiln_operator.k8s.autoscaler import Autoscaler
 from kiln_operator.k8s.client import RequestFailed
 from kiln_operator.k8s.events import post_event
@@ -56,6 +58,7 @@ logger = logging.getLogger(__name__)
 
 
 SHARED = "autoscaler"
+JOB = "autoscaler"
 
 
 @kopf.on.startup()
@@ -74,9 +77,10 @@ async def autoscaler_startup(memo: kopf.Memo, **_: Any) -> None:
         if autoscaler is not None:
             autoscaler.forget(namespace, name)
 
-    operator_scheduler(memo).add_job(
+    scheduler = operator_scheduler(memo)
+    scheduler.add_job(
         Job(
-            "autoscaler",
+            JOB,
             run=evaluate,
             first_delay=lambda namespace, name: FIRST_PASS_SECONDS,
             retry_seconds=RETRY_SECONDS,
@@ -84,6 +88,21 @@ async def autoscaler_startup(memo: kopf.Memo, **_: Any) -> None:
             forget=forget,
         )
     )
+    activators: Activators | None = memo.get("activators")
+    if activators is not None:
+        # a request held at zero wakes its service's pass now, not at its next interval
+        memo.demand_watch = asyncio.create_task(
+            activators.watch_demand(lambda key: scheduler.run_soon(JOB, *key)),
+            name="kiln-activator-demand",
+        )
+        memo.demand_watch.add_done_callback(_report_end)
+
+
+def _report_end(task: "asyncio.Task[None]") -> None:
+    """The demand watch runs until the operator stops: an end by an error is a bug, said loudly
+    (services at zero then wake at their next pass only)."""
+    if not task.cancelled() and (error := task.exception()) is not None:
+        logger.error("the activators' demand watch ended", exc_info=error)
 
 
 def shared_autoscaler(memo: Any) -> Autoscaler:
@@ -110,12 +129,17 @@ def existing_autoscaler(memo: Any) -> Autoscaler | None:
 
 @kopf.on.cleanup()
 async def autoscaler_cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the Prometheus threads."""
+    """Stop the Prometheus threads and the activators' demand watch."""
+    watch: asyncio.Task[None] | None = memo.get("demand_watch")
+    if watch is not None:
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
     autoscaler = existing_autoscaler(memo)
     if autoscaler is not None:
         autoscaler.close()
-        if autoscaler.activators is not None:
-            await autoscaler.activators.close()
+    activators = memo.get("activators")
+    if activators is not None:
+        await activators.close()
 
 
 async def _evaluate(memo: Any, namespace: str, name: str) -> float:

@@ -23,6 +23,7 @@ from prometheus_client import Counter, Histogram, start_http_server
 
 from kiln_operator import constants, telemetry
 from kiln_operator.handlers.inferenceservice import WARMUP_BUDGET_BYTES
+from kiln_operator.k8s.activator import Activators
 from kiln_operator.k8s.cache import ObjectCache
 from kiln_operator.k8s.client import ApiError, KubeClient
 from kiln_operator.k8s.events import post_event
@@ -35,6 +36,7 @@ from kiln_operator.warmup.podstate import (
     cold_start_seconds,
     condition_patch,
     needs_warmup,
+    ready_addresses,
     summarize,
     summary_status,
     verdict_outlived_its_container,
@@ -154,6 +156,7 @@ async def pod_warmup_gate(type: str | None, body: kopf.Body, memo: Any, **_: Any
             memo.downloads_observed,
             pod,
             platform=memo.platform,
+            activators=memo.get("activators"),
         ),
         name=f"warm-up {uid}",
     )
@@ -195,6 +198,22 @@ async def publish_summary(
         cache.store(INFERENCE_SERVICES.plural, written)
 
 
+async def _release_held(
+    activators: Activators,
+    cache: ObjectCache,
+    decided: dict[str, Any],
+    namespace: str,
+    service: str,
+) -> None:
+    """The pod just passed its gate: the activator releases what it holds for the service to
+    it now, not when the pod's watch event reaches the reconcile loop (the cache keeps the
+    decided pod, so a reconcile that runs first reports the same backends)."""
+    cache.store(PODS.plural, decided)
+    await activators.report(
+        (namespace, service), *ready_addresses(cache.pods_of(namespace, service))
+    )
+
+
 def observe_warm_pod(pod: dict[str, Any], service: str, downloads_observed: set[str]) -> None:
     """Observe a pod that just passed warm-up: its cold start, and its model fetch once.
 
@@ -220,6 +239,7 @@ async def _warm_up(
     pod: dict[str, Any],
     *,
     platform: PlatformObjects,
+    activators: Activators | None,
 ) -> None:
     meta = pod["metadata"]
     namespace, name = meta["namespace"], meta["name"]
@@ -232,6 +252,7 @@ async def _warm_up(
             downloads_observed,
             pod,
             platform=platform,
+            activators=activators,
             namespace=namespace,
             name=name,
             service=service,
@@ -253,6 +274,7 @@ async def _gate(
     pod: dict[str, Any],
     *,
     platform: PlatformObjects,
+    activators: Activators | None,
     namespace: str,
     name: str,
     service: str,
@@ -265,9 +287,9 @@ async def _gate(
         return  # the reconcile loop reports it; the last valid template keeps its pods
     plan = warmup.plan_for(spec, spec.model_name(service))
 
-    async def set_condition(passed: bool, reason: str, message: str) -> None:
+    async def set_condition(passed: bool, reason: str, message: str) -> dict[str, Any]:
         patch = condition_patch(passed, reason, message, _now())
-        await kube.strategic_patch_status(PODS, namespace, name, patch)
+        return await kube.strategic_patch_status(PODS, namespace, name, patch)
 
     if not plan.enabled:
         await set_condition(True, warmup.REASON_GATE_DISABLED, "spec.warmup.requests is 0")
@@ -302,7 +324,9 @@ async def _gate(
         if attempt < attempts:
             await asyncio.sleep(warmup.backoff_seconds(attempt))
     assert verdict is not None
-    await set_condition(verdict.passed, verdict.reason, verdict.message)
+    decided = await set_condition(verdict.passed, verdict.reason, verdict.message)
+    if verdict.passed and activators is not None and spec.autoscaling.min_replicas == 0:
+        await _release_held(activators, cache, decided, namespace, service)
     telemetry.WARMUP_GATES.labels(
         namespace, service, "passed" if verdict.passed else "failed"
     ).inc()

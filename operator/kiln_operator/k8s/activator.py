@@ -11,12 +11,18 @@ answers (an operator run outside the cluster, the local cluster), a comma-separa
 `host:port` names the pods one by one. Every call is bounded
 by a timeout; a pod that does not answer is left out (the others' counts stand), and when none
 answers the demand is unknown (None), which `decide` treats as no news, never as zero.
+
+A service's pass runs every `evaluationIntervalSeconds`, too late for a request waiting at
+zero: `watch_demand` keeps a long poll open on each activator pod (`GET /v1/demand?after=G&
+wait=S`), which answers as soon as a service's first request is held, and asks for that
+service's pass at once.
 """
 
 import asyncio
 import logging
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -27,6 +33,13 @@ TIMEOUT_SECONDS = 2.0
 """Each call to an activator pod."""
 DEMAND_MAX_AGE_SECONDS = 1.0
 """One demand read serves every service's pass within this age."""
+LONG_POLL_SECONDS = 20.0
+"""How long an activator pod keeps a demand long poll open when nothing is held anew."""
+RESOLVE_SECONDS = 10.0
+"""How often `watch_demand` looks for activator pods that came or went."""
+RETRY_SECONDS = 1.0
+"""After a long poll that failed, or an activator that answers without a generation (a version
+before the long poll: its demand is then polled at this interval)."""
 
 ServiceKey = tuple[str, str]
 
@@ -96,6 +109,48 @@ class Activators:
         else:
             self._reported.pop(key, None)
 
+    async def watch_demand(self, woken: Callable[[ServiceKey], None]) -> None:
+        """Until cancelled: call `woken` with each service an activator pod begins to hold
+        requests for, as soon as it does (a long poll on every pod, found anew every
+        `RESOLVE_SECONDS`)."""
+        polls: dict[str, asyncio.Task[None]] = {}
+        try:
+            while True:
+                found = set(await self.addresses())
+                for address in found - polls.keys():
+                    polls[address] = asyncio.create_task(
+                        self._long_poll(address, woken), name=f"kiln-demand-{address}"
+                    )
+                for address in polls.keys() - found:
+                    polls.pop(address).cancel()
+                await asyncio.sleep(RESOLVE_SECONDS)
+        finally:
+            for task in polls.values():
+                task.cancel()
+            await asyncio.gather(*polls.values(), return_exceptions=True)
+
+    async def _long_poll(self, address: str, woken: Callable[[ServiceKey], None]) -> None:
+        generation: int | None = None
+        while True:
+            query = "" if generation is None else f"?after={generation}&wait={LONG_POLL_SECONDS:g}"
+            answer = await self._call(
+                "GET", address, f"/v1/demand{query}", seconds=LONG_POLL_SECONDS + TIMEOUT_SECONDS
+            )
+            latest = answer.get("generation") if isinstance(answer, dict) else None
+            if not isinstance(latest, int):
+                generation = None
+                await asyncio.sleep(RETRY_SECONDS)
+                if answer is None:
+                    continue
+            elif latest == generation:
+                continue  # the wait ended without news
+            generation = latest
+            self._read_at = -1e9  # the passes it wakes read every pod's count afresh
+            for entry in answer.get("services") or []:
+                held = entry.get("held")
+                if isinstance(held, int) and held > 0:
+                    woken((str(entry.get("namespace")), str(entry.get("name"))))
+
     def forget(self, key: ServiceKey) -> None:
         self._reported.pop(key, None)
 
@@ -120,13 +175,22 @@ class Activators:
         return demand
 
     async def _call(
-        self, method: str, address: str, path: str, body: dict[str, Any] | None = None
+        self,
+        method: str,
+        address: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        seconds: float | None = None,
     ) -> Any:
-        """The JSON answer (True for an empty one), or None when the pod did not answer well."""
+        """The JSON answer (True for an empty one), or None when the pod did not answer well
+        (within `seconds`, if given, else TIMEOUT_SECONDS)."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout, trust_env=False)
+        url = f"http://{address}{path}"
+        limit = self._timeout if seconds is None else aiohttp.ClientTimeout(total=seconds)
         try:
-            async with self._session.request(method, f"http://{address}{path}", json=body) as got:
+            async with self._session.request(method, url, json=body, timeout=limit) as got:
                 if got.status >= 300:
                     logger.warning(f"activator {address} answered {method} {path}: {got.status}")
                     return None

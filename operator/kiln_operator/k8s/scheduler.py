@@ -10,6 +10,10 @@ seconds until the service's next one, so every service keeps its own interval. P
 tasks, at most `concurrency` at once; a pass of a job and service never overlaps the previous
 one.
 
+`run_soon` brings a service's next pass of a job forward to now (the activator's news that a
+service at zero holds a request): the entry it replaces is skipped, so every service keeps one
+due pass per job.
+
 Peering: only the active replica acts. While kopf has paused the operator (`Pausing`: kopf's own
 pause state, see `k8s.peering.kopf_pause_state`), the scheduler starts nothing, cancels the
 passes in flight and forgets every service, as kopf stops its daemons. The listing kopf's watches
@@ -78,6 +82,10 @@ class Scheduler:
         self._tracked: dict[Key, int] = {}
         """Each tracked service's generation: entries of an earlier tracking are stale."""
         self._heap: list[_Entry] = []
+        self._due: dict[tuple[str, Key], int] = {}
+        """The sequence of each job and service's one live entry: any other is superseded."""
+        self._again: set[tuple[str, Key]] = set()
+        """Passes asked for while one of the job and service ran: the next starts at its end."""
         self._running: dict[tuple[str, Key], asyncio.Task[None]] = {}
         self._sequence = itertools.count()
         self._generations = itertools.count(1)
@@ -108,6 +116,19 @@ class Scheduler:
             self._push(now + job.first_delay(*key), job.name, key, generation, first=True)
         self._wakeup.set()
 
+    def run_soon(self, job: str, namespace: str, name: str) -> None:
+        """Start the job's pass of a tracked service now (or, if one runs, right after it)
+        instead of when it is due. Ignored for a service not tracked (or while paused)."""
+        key = (namespace, name)
+        generation = self._tracked.get(key)
+        if generation is None or job not in self._jobs or self._paused.is_on():
+            return
+        if (job, key) in self._running:
+            self._again.add((job, key))
+            return
+        self._push(self._now(), job, key, generation, first=True)
+        self._wakeup.set()
+
     def untrack(self, namespace: str, name: str) -> None:
         """The service is gone or going: cancel its passes in flight, run no more of them, and
         forget what the jobs kept for it."""
@@ -115,6 +136,8 @@ class Scheduler:
         if self._tracked.pop(key, None) is None:
             return
         for job in self._jobs.values():
+            self._due.pop((job.name, key), None)
+            self._again.discard((job.name, key))
             task = self._running.get((job.name, key))
             if task is None:
                 _forget(job, key)
@@ -142,7 +165,9 @@ class Scheduler:
         return asyncio.get_running_loop().time()
 
     def _push(self, due: float, job: str, key: Key, generation: int, *, first: bool) -> None:
-        heapq.heappush(self._heap, _Entry(due, next(self._sequence), job, key, generation, first))
+        sequence = next(self._sequence)
+        self._due[(job, key)] = sequence
+        heapq.heappush(self._heap, _Entry(due, sequence, job, key, generation, first))
 
     async def _watch_pausing(self) -> None:
         """Wake the scheduling loop as soon as kopf pauses the operator."""
@@ -166,6 +191,8 @@ class Scheduler:
             entry = heapq.heappop(self._heap)
             if self._tracked.get(entry.key) != entry.generation or entry.job not in self._jobs:
                 continue  # untracked (or tracked anew) since
+            if self._due.get((entry.job, entry.key)) != entry.sequence:
+                continue  # superseded by run_soon
             if (entry.job, entry.key) in self._running:  # a cancelled pass still ending
                 self._push(self._now() + 1.0, entry.job, entry.key, entry.generation, first=True)
                 continue
@@ -187,10 +214,15 @@ class Scheduler:
             next_due = self._now() + job.retry_seconds
         finally:
             self._running.pop((job.name, key), None)
+            again = (job.name, key) in self._again
+            self._again.discard((job.name, key))
             if key not in self._tracked:
                 _forget(job, key)
             elif self._tracked[key] == entry.generation and next_due is not None:
-                self._push(next_due, job.name, key, entry.generation, first=False)
+                if again:
+                    self._push(self._now(), job.name, key, entry.generation, first=True)
+                else:
+                    self._push(next_due, job.name, key, entry.generation, first=False)
                 self._wakeup.set()
 
     async def _pause(self) -> None:
@@ -199,6 +231,8 @@ class Scheduler:
         forgotten = list(self._tracked)
         self._tracked.clear()
         self._heap.clear()
+        self._due.clear()
+        self._again.clear()
         for key in forgotten:
             for job in self._jobs.values():
                 if (job.name, key) not in self._running:  # a pass in flight forgets at its end

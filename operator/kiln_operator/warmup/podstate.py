@@ -35,17 +35,24 @@ def is_gated(pod: Pod) -> bool:
 
 
 def serving_pods(pods: list[Pod]) -> list[Pod]:
-    """Pods that may take traffic, in name order: Ready (for a gated pod, also past its warm-up
-    gate: a Ready reported before the gate's verdict does not count), with an address, and not
-    being deleted. Where Kiln's activator releases held requests, and what a service at
-    minReplicas 0 lists as its endpoints."""
+    """Pods that may take traffic, in name order: with an address, not being deleted, and
+    either past their warm-up gate with their containers ready (a gated pod), or Ready (one
+    without a gate). A gated pod serves from the gate's verdict on, before its Ready: the kubelet
+    computes Ready from its own copy of the pod, refreshed only at its next sync of the pod (1 to
+    2 s later on the real node), and Ready adds nothing the verdict did not check. Where Kiln's
+    activator releases held requests, and what a service at minReplicas 0 lists as its
+    endpoints."""
 
     def serves(pod: Pod) -> bool:
-        ready = (_condition(pod, "Ready") or {}).get("status") == "True"
-        warm = not is_gated(pod) or (gate_condition(pod) or {}).get("status") == "True"
         address = (pod.get("status") or {}).get("podIP")
         deleting = (pod.get("metadata") or {}).get("deletionTimestamp")
-        return ready and warm and bool(address) and not deleting
+        if not address or deleting:
+            return False
+        if not is_gated(pod):
+            return (_condition(pod, "Ready") or {}).get("status") == "True"
+        containers = (_condition(pod, "ContainersReady") or {}).get("status") == "True"
+        warm = (gate_condition(pod) or {}).get("status") == "True"
+        return containers and warm and not verdict_outlived_its_container(pod)
 
     return sorted((pod for pod in pods if serves(pod)), key=lambda pod: pod["metadata"]["name"])
 

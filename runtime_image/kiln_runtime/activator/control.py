@@ -4,7 +4,10 @@ Why it exists: the autoscaler is the only writer of replicas, so the activator o
 many requests it holds per service (``GET /v1/demand``, and ``kiln_activator_held_requests`` on
 ``GET /metrics``), and the operator, which watches the pods' warm-up gate, says where each
 service's ready pods are (``PUT /v1/services/NAMESPACE/NAME/backends`` with
-``{"http": ["ip:port", …], "grpc": ["ip:port", …]}``; empty lists: none ready). The port is
+``{"http": ["ip:port", …], "grpc": ["ip:port", …]}``; empty lists: none ready). The demand
+is also a long poll: ``GET /v1/demand?after=G&wait=S`` answers once the hold's generation (in
+every answer) differs from ``G``, at most ``S`` seconds later (``MAX_DEMAND_WAIT_SECONDS``),
+so the operator hears of a service's first held request at once, not at its next pass. The port is
 for the operator only (the chart's NetworkPolicy admits nothing else). Served by the runtime's
 HTTP/1.1 server like the client ports.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import parse_qs
 
 import orjson
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
@@ -36,6 +40,8 @@ BACKENDS_PATH = re.compile(
 ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[0-9.]+|[a-z0-9][-a-z0-9.]*):[0-9]{1,5}$")
 MAX_BACKENDS = 1000
 MAX_CONTROL_BODY = 256 << 10
+MAX_DEMAND_WAIT_SECONDS = 30.0
+"""The longest a demand long poll is held open."""
 
 
 class HeldRequests(Collector):
@@ -79,7 +85,7 @@ class ControlAdapter:
     async def handle(
         self, method: str, path: str, headers: dict[str, str], body: bytes
     ) -> HttpResponse:
-        path = path.split("?", 1)[0]
+        path, _, query = path.partition("?")
         if method == "GET" and path == "/healthz":
             return json_response(200, {"live": True})
         if method == "GET" and path == "/metrics":
@@ -89,11 +95,18 @@ class ControlAdapter:
             ]
             return HttpResponse(200, text, content_type=b"text/plain; version=0.0.4")
         if method == "GET" and path == "/v1/demand":
+            try:
+                after, wait = _long_poll(query)
+            except ValueError as error:
+                return json_response(400, {"error": str(error)})
+            generation = self.holds.generation
+            if after is not None and wait > 0:
+                generation = await self.holds.next_demand(after, wait)
             demand = [
                 {"namespace": namespace, "name": name, "held": held}
                 for (namespace, name), held in sorted(self.holds.demand().items())
             ]
-            return json_response(200, {"services": demand})
+            return json_response(200, {"generation": generation, "services": demand})
         found = BACKENDS_PATH.match(path)
         if found is not None and method == "PUT":
             try:
@@ -108,6 +121,23 @@ class ControlAdapter:
             self.holds.wakes.clear()
             return empty(204)
         return json_response(404, {"error": f"no route for {method} {path[:200]}"})
+
+
+def _long_poll(query: str) -> tuple[int | None, float]:
+    """``after`` (None: answer at once) and ``wait`` of a demand long poll's query."""
+    try:
+        if len(query) > 200:
+            raise ValueError
+        fields = parse_qs(query, strict_parsing=bool(query), max_num_fields=4)
+        after = int(fields["after"][0]) if "after" in fields else None
+        wait = float(fields["wait"][0]) if "wait" in fields else 0.0
+    except (KeyError, ValueError, IndexError):
+        raise ValueError(
+            f"the demand's query is after=INT&wait=SECONDS, not {query[:100]!r}"
+        ) from None
+    if not 0.0 <= wait <= MAX_DEMAND_WAIT_SECONDS:
+        raise ValueError(f"wait is 0 to {MAX_DEMAND_WAIT_SECONDS:g} seconds, not {wait:g}")
+    return after, wait
 
 
 def _backends(document: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:

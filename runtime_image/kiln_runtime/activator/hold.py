@@ -6,12 +6,15 @@ them all to it. What may wait is bounded per service, in requests and in bytes, 
 request waits at most its deadline: beyond any of them the caller answers at once that the
 service is waking (HTTP 503 with Retry-After, gRPC UNAVAILABLE), so one service's burst never
 takes the memory another's requests need. The number of services held for is bounded too.
-Pure asyncio, no I/O: the fronts (``fronts``) and the control endpoint (``control``) use it.
+Each service's first held request is news the operator waits for (``next_demand``: it wakes
+the service at once, not at its autoscaler's next pass). Pure asyncio, no I/O: the fronts
+(``fronts``) and the control endpoint (``control``) use it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -72,6 +75,18 @@ class Holds:
         self._services: dict[ServiceKey, _Service] = {}
         self.wakes: list[float] = []
         """Wake latencies (first held request to the first ready pod) not yet observed."""
+        self.generation = 0
+        """Counts the waits begun: a service's first held request while it has no pod."""
+        self._news = asyncio.Event()
+
+    async def next_demand(self, after: int, wait_seconds: float) -> int:
+        """The generation once it differs from ``after`` (at once if it does already), or
+        ``after`` when ``wait_seconds`` pass without a new wait."""
+        if self.generation == after:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait_seconds):
+                    await self._news.wait()
+        return self.generation
 
     def demand(self) -> dict[ServiceKey, int]:
         """Requests held now, per service that holds any: what the autoscaler reads."""
@@ -144,6 +159,9 @@ class Holds:
             until = min(until, deadline)
         if service.waiting_since is None:
             service.waiting_since = now
+            self.generation += 1
+            self._news.set()
+            self._news = asyncio.Event()
         service.held += 1
         service.held_bytes += size
         try:

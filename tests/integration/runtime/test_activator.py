@@ -24,6 +24,7 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from kiln_localcluster.processes import free_ports
+from kiln_operator.k8s import activator as activator_module
 from kiln_operator.k8s.activator import Activators
 from kiln_runtime.examples import build
 
@@ -293,6 +294,33 @@ async def test_the_operator_reads_the_held_demand_and_reports_the_ready_pods(
         assert await silent.held(("op-a", "mlp")) is None  # unknown, never taken for zero
     finally:
         await silent.close()
+
+
+async def test_the_operator_hears_of_a_services_first_held_request_at_once(
+    activator: ActivatorProcess, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demand long poll: the operator's watch is told of a service at zero as soon as its
+    first request is held, not at the service's next pass (polling is made 60 s apart here,
+    so only the long poll can tell it within the test)."""
+    monkeypatch.setattr(activator_module, "RETRY_SECONDS", 60.0)
+    activators = Activators(f"{HOST}:{activator.control_port}")
+    woken: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    watch = asyncio.create_task(activators.watch_demand(woken.put_nowait))
+    try:
+        await asyncio.sleep(0.5)  # the first answer came; the long poll is open
+        assert woken.empty()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(post_infer, activator.http_port, "mlp.op-b", rows(1, seed=8))
+            assert await asyncio.wait_for(woken.get(), 10) == ("op-b", "mlp")
+            await activators.report(("op-b", "mlp"), [runtime.http_url], [runtime.grpc_url])
+            assert (await asyncio.to_thread(answer.result, 30))[0] == 200
+        await activators.report(("op-b", "mlp"), [], [])
+    finally:
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+        await activators.close()
+    status, body = activator.control("GET", "/v1/demand?after=1&wait=3600")
+    assert status == 400 and b"wait is 0 to 30 seconds" in body
 
 
 def test_released_requests_are_paced_to_the_pods_bounded_queue(

@@ -12,7 +12,7 @@ from kiln_operator.builders.service import build_service
 from tests.unit.kube_objects import pod
 
 OWNER = Owner(name="mlp", namespace="models", uid="u-1")
-READY = {"type": "Ready", "status": "True"}
+READY = {"type": "ContainersReady", "status": "True"}  # the gate's verdict needs no more
 WARM = {"type": constants.CONDITION_WARMED_UP, "status": "True"}
 WARMING = {"type": constants.CONDITION_WARMED_UP, "status": "False", "reason": "WarmingUp"}
 ACTIVATORS = ["10.1.0.8", "10.1.0.7"]

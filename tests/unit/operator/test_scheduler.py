@@ -144,6 +144,41 @@ async def test_a_failed_pass_is_tried_again_after_the_retry_delay() -> None:
     assert all(later - earlier >= 0.05 for earlier, later in itertools.pairwise(attempts))
 
 
+async def test_run_soon_brings_the_next_pass_forward_and_the_one_it_replaces_never_runs() -> None:
+    recorder = Recorder({"a": 0.3, "b": 0.3})
+    scheduler = await running(ToggleSet(any), recorder.job())
+    scheduler.track("ns", "a")
+    scheduler.track("ns", "b")
+    await asyncio.sleep(0.05)  # the first passes ran; the next are due at 0.3
+    asked = asyncio.get_running_loop().time()
+    scheduler.run_soon("job", "ns", "a")
+    scheduler.run_soon("job", "ns", "gone")  # not tracked: nothing
+    scheduler.run_soon("other-job", "ns", "a")  # no such job: nothing
+    await asyncio.sleep(0.05)
+    assert recorder.count("a") == 2 and recorder.count("b") == 1
+    soon = recorder.passes[-1][1]
+    assert recorder.passes[-1][0] == "a" and soon - asked < 0.04
+    await asyncio.sleep(0.5)  # one pass of a per interval from then on, not two chains
+    await scheduler.close()
+    assert recorder.count("a") == 3 and recorder.count("b") == 2
+    assert len(recorder.lags) == 2  # a pass brought forward reports no lag
+
+
+async def test_run_soon_during_a_pass_runs_the_next_right_after_it_never_alongside() -> None:
+    recorder = Recorder({"a": 5.0})
+    recorder.hold = asyncio.Event()
+    scheduler = await running(ToggleSet(any), recorder.job())
+    scheduler.track("ns", "a")
+    await asyncio.sleep(0.02)
+    scheduler.run_soon("job", "ns", "a")  # the first pass is still running
+    await asyncio.sleep(0.02)
+    assert recorder.count("a") == 1
+    recorder.hold.set()
+    await asyncio.sleep(0.05)
+    await scheduler.close()
+    assert recorder.count("a") == 2  # right after the first, not 5 s later
+
+
 async def test_a_paused_operator_runs_nothing_forgets_every_service_and_tracks_anew_after() -> None:
     paused = ToggleSet(any)
     peering = await paused.make_toggle(False, name="another replica is active")

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from kiln_runtime.activator.control import _backends
+from kiln_runtime.activator.control import _backends, _long_poll
 from kiln_runtime.activator.fronts import refuse_by, service_of
 from kiln_runtime.activator.hold import HoldLimits, Holds, Refused
 
@@ -153,3 +153,41 @@ def test_a_held_grpc_call_is_refused_before_its_own_deadline_so_the_refusal_arri
     assert refuse_by(100.0, 40.0) == pytest.approx(139.5)
     assert refuse_by(100.0, 1.0) == pytest.approx(100.9)
     assert refuse_by(100.0, 0.01) == pytest.approx(100.009)
+
+
+async def test_a_services_first_held_request_is_news_at_once_and_later_ones_are_not() -> None:
+    holds = Holds(HoldLimits(timeout_seconds=5))
+    start = holds.generation
+    assert await holds.next_demand(start, 0.01) == start  # nothing new: the wait ends empty
+    news = asyncio.create_task(holds.next_demand(start, 5.0))
+    await asyncio.sleep(0.01)
+    assert not news.done()
+    first = asyncio.create_task(holds.wait(MLP, 1, grpc=False, deadline=None))
+    assert await asyncio.wait_for(news, 1.0) == start + 1
+    second = asyncio.create_task(holds.wait(MLP, 1, grpc=False, deadline=None))
+    await held(holds, 2)
+    assert holds.generation == start + 1  # the same wait: no news
+    assert await holds.next_demand(start, 5.0) == start + 1  # behind already: answered at once
+    holds.set_backends(MLP, ("10.0.0.1:8000",))
+    await asyncio.gather(first, second)
+    holds.set_backends(MLP, ())  # back at zero: the next request begins a new wait
+    third = asyncio.create_task(holds.wait(MLP, 1, grpc=False, deadline=None))
+    assert await asyncio.wait_for(holds.next_demand(start + 1, 5.0), 1.0) == start + 2
+    holds.set_backends(MLP, ("10.0.0.1:8000",))
+    await third
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [("", (None, 0.0)), ("after=3&wait=20", (3, 20.0)), ("after=0", (0, 0.0))],
+)
+def test_the_demand_long_poll_query(query: str, expected: tuple[int | None, float]) -> None:
+    assert _long_poll(query) == expected
+
+
+@pytest.mark.parametrize(
+    "query", ["after=x", "wait=31", "wait=-1", "wait=nan", "a=1&b=2&c=3&d=4&e=5", "after=1" * 40]
+)
+def test_a_demand_query_out_of_bounds_is_refused(query: str) -> None:
+    with pytest.raises(ValueError, match=r"after=INT&wait=SECONDS|wait is 0 to 30 seconds"):
+        _long_poll(query)
