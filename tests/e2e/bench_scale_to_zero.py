@@ -42,6 +42,7 @@ from tests.e2e.test_real_node import GRPC, HTTP
 from tests.e2e.zero_setup import (
     HOLD_TIMEOUT_SECONDS,
     IDLE_SECONDS,
+    ActivatorPod,
     Answer,
     activator_memory,
     activator_pods,
@@ -170,6 +171,17 @@ def one_cycle(
     return cycle
 
 
+def through_activators(pods: list[ActivatorPod]) -> int:
+    """Requests every activator pod has sent on to a pod since it started (each one's
+    `kiln_activator_held_seconds` count: observed once per request it forwards)."""
+    total = 0
+    for pod in pods:
+        text = read_control(pod.ip, "/metrics")
+        found = re.search(r"^kiln_activator_held_seconds_count (\S+)$", text, re.MULTILINE)
+        total += int(float(found[1])) if found else 0
+    return total
+
+
 def held_memory(cluster: E2ECluster) -> tuple[int, int, int, int]:
     """(RSS at rest, RSS with 1,000 held, their count, the container's limit) on one pod."""
     pod = activator_pods(cluster)[0]
@@ -206,6 +218,8 @@ class RunFacts:
     first_apply: float | None = None
     memory: tuple[int, int, int, int] | None = None
     """(RSS at rest, RSS with the requests held, their count, the container's limit)."""
+    forwarded: int | None = None
+    """Requests the activators sent on over the cycles."""
     from_log: bool = False
 
 
@@ -271,6 +285,14 @@ def report(cycles: list[Cycle], facts: RunFacts) -> str:
         f"- Requests: {sent} sent, {answered} answered, {refused} refused as waking, "
         f"**{lost} lost** (target 0).",
     ]
+    if facts.forwarded is not None:
+        held = sum(2 for _ in cycles)
+        lines.append(
+            f"- Out of the data path once awake: the activators sent on {facts.forwarded} "
+            f"requests over the cycles, for the {held} sent at zero; the "
+            f"{sum(len(c.trickle) for c in cycles)} sent after each wake went straight to the "
+            "pod (each activator's `kiln_activator_held_seconds_count`, before and after)."
+        )
     if facts.first_apply is not None:
         lines.append(
             f"- The first apply -> first answer through the Service (a new service's cold "
@@ -428,9 +450,15 @@ def main() -> None:
                 flush=True,
             )
 
+        forwarded_before = through_activators(pods)
         with ThreadPoolExecutor(len(spaces)) as pool:
             cycles = [c for done in pool.map(cycles_of, spaces) for c in done]
-        facts = RunFacts(args.services, datetime.date.today().isoformat(), first_apply=first_apply)
+        facts = RunFacts(
+            args.services,
+            datetime.date.today().isoformat(),
+            first_apply=first_apply,
+            forwarded=through_activators(pods) - forwarded_before,
+        )
         write(args.out, report(cycles, facts))  # the cycles kept, whatever comes next
         facts = dataclasses.replace(
             facts,
