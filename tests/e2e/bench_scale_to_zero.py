@@ -286,13 +286,7 @@ def report(cycles: list[Cycle], facts: RunFacts) -> str:
         f"**{lost} lost** (target 0).",
     ]
     if facts.forwarded is not None:
-        held = sum(2 for _ in cycles)
-        lines.append(
-            f"- Out of the data path once awake: the activators sent on {facts.forwarded} "
-            f"requests over the cycles, for the {held} sent at zero; the "
-            f"{sum(len(c.trickle) for c in cycles)} sent after each wake went straight to the "
-            "pod (each activator's `kiln_activator_held_seconds_count`, before and after)."
-        )
+        lines.append(data_path(cycles, facts.forwarded))
     if facts.first_apply is not None:
         lines.append(
             f"- The first apply -> first answer through the Service (a new service's cold "
@@ -316,7 +310,8 @@ def report(cycles: list[Cycle], facts: RunFacts) -> str:
         "",
         "<details><summary>Every cycle</summary>",
         "",
-        "| service | cycle | at zero after | HTTP | gRPC | cold start | trickle answered |",
+        "| service | cycle | at zero after | HTTP | gRPC | cold start | trickle answered "
+        "(through the activator) |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for c in cycles:
@@ -324,17 +319,48 @@ def report(cycles: list[Cycle], facts: RunFacts) -> str:
         lines.append(
             f"| {c.service} | {c.index + 1} | {c.to_zero_seconds:.0f} s | {c.http.seconds:.1f} s "
             f"({c.http.status}) | {c.grpc.seconds:.1f} s ({c.grpc.status}) | {cold} | "
-            f"{sum(a.answered for a in c.trickle)} of {len(c.trickle)} |"
+            f"{sum(a.answered for a in c.trickle)} of {len(c.trickle)} "
+            f"({sum(a.via_activator for a in c.trickle)}) |"
         )
     lines += ["", "</details>", END]
     return "\n".join(lines) + "\n"
+
+
+def data_path(cycles: list[Cycle], forwarded: int) -> str:
+    """Whether the activator left the data path once a service woke: which of each cycle's
+    trickle requests (sent 1 s apart from the wake's answer on) it still answered (its Via
+    header), and every activator's count of the requests it sent on."""
+    later = sum(len(c.trickle) for c in cycles)
+    by_rank = [0] * max((len(c.trickle) for c in cycles), default=0)
+    for c in cycles:
+        for rank, answer in enumerate(c.trickle):
+            by_rank[rank] += answer.via_activator
+    through = sum(by_rank)
+    ranks = ", ".join(
+        f"the {ordinal(rank + 1)} request of {count} cycle{'s' if count > 1 else ''}"
+        for rank, count in enumerate(by_rank)
+        if count
+    )
+    return (
+        f"- Out of the data path once awake: of the {later} HTTP requests sent after the wakes "
+        f"(the trickle, 1 s apart from the wake's answer on), {through} came through the "
+        f"activator (its `Via` header){f': {ranks}' if ranks else ''}; the rest "
+        f"went straight to the pod. The activators sent on {forwarded} requests in all "
+        f"(`kiln_activator_held_seconds_count`), {2 * len(cycles)} of them the calls held at "
+        "zero."
+    )
+
+
+def ordinal(number: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(number, f"{number}th")
 
 
 CYCLE_LINE = re.compile(
     r"^(?P<service>\S+) cycle (?P<index>\d+): at zero after (?P<zero>\d+) s; "
     r"HTTP (?P<http>[\d.]+) s \((?P<http_status>-?\d+)\), "
     r"gRPC (?P<grpc>[\d.]+) s \((?P<grpc_status>-?\d+)\); "
-    r"cold start (?P<cold>[\d.]+|None); trickle \[(?P<trickle>[-\d, ]*)\]$"
+    r"cold start (?P<cold>[\d.]+|None); trickle \[(?P<trickle>[-\d, ]*)\]"
+    r"(; through the activator \[(?P<via>[\d, ]*)\])?$"
 )
 
 
@@ -345,7 +371,10 @@ def cycles_from_log(text: str) -> list[Cycle]:
         found = CYCLE_LINE.match(line.strip())
         if found is None:
             continue
-        trickle = [Answer(int(s), 0.0) for s in found["trickle"].split(",") if s.strip()]
+        statuses = [int(s) for s in found["trickle"].split(",") if s.strip()]
+        vias = [s.strip() == "1" for s in (found["via"] or "").split(",") if s.strip()]
+        vias += [False] * (len(statuses) - len(vias))
+        trickle = [Answer(status, 0.0, "", via) for status, via in zip(statuses, vias, strict=True)]
         cycles.append(
             Cycle(
                 float(found["zero"]),
@@ -446,7 +475,8 @@ def main() -> None:
                 f"{space} cycle {index + 1}: at zero after {cycle.to_zero_seconds:.0f} s; "
                 f"HTTP {cycle.http.seconds:.1f} s ({cycle.http.status}), gRPC "
                 f"{cycle.grpc.seconds:.1f} s ({cycle.grpc.status}); cold start "
-                f"{cycle.cold_start}; trickle {[a.status for a in cycle.trickle]}",
+                f"{cycle.cold_start}; trickle {[a.status for a in cycle.trickle]}; through the "
+                f"activator {[int(a.via_activator) for a in cycle.trickle]}",
                 flush=True,
             )
 

@@ -195,6 +195,8 @@ class Answer:
     status: int
     seconds: float
     detail: str = ""
+    via_activator: bool = False
+    """An HTTP answer that came through Kiln's activator (its Via header)."""
 
     @property
     def answered(self) -> bool:
@@ -219,7 +221,8 @@ def http_infer(address: str, host: str, timeout: float) -> Answer:
             body = json.loads(response.read())
             shape = body["outputs"][0]["shape"]
             status = 200 if shape == [1, 10] else -1
-            return Answer(status, time.monotonic() - began, f"shape {shape}")
+            via = "kiln-activator" in (response.headers.get("Via") or "")
+            return Answer(status, time.monotonic() - began, f"shape {shape}", via)
     except urllib.error.HTTPError as error:
         detail = error.read()[:300].decode("utf-8", "replace")
         retry = error.headers.get("Retry-After")

@@ -133,6 +133,7 @@ class Activators:
         generation: int | None = None
         while True:
             query = "" if generation is None else f"?after={generation}&wait={LONG_POLL_SECONDS:g}"
+            asked = time.monotonic()
             answer = await self._call(
                 "GET", address, f"/v1/demand{query}", seconds=LONG_POLL_SECONDS + TIMEOUT_SECONDS
             )
@@ -143,7 +144,10 @@ class Activators:
                 if answer is None:
                     continue
             elif latest == generation:
-                continue  # the wait ended without news
+                # the wait ended without news; one that did not wait is never asked again at once
+                if time.monotonic() - asked < LONG_POLL_SECONDS / 2:
+                    await asyncio.sleep(RETRY_SECONDS)
+                continue
             generation = latest
             self._read_at = -1e9  # the passes it wakes read every pod's count afresh
             for entry in answer.get("services") or []:

@@ -39,6 +39,9 @@ REFUSED = Counter(
     "(requests, bytes, services, deadline) or the host they named (unknown).",
     ["reason"],
 )
+VIA = (b"Via", b"1.1 kiln-activator")
+"""On every answer the activator passes on (RFC 9110's Via, as a proxy adds it): a client or
+a test can tell an answer that came through the activator from one straight from a pod."""
 HELD_SECONDS = Histogram(
     "kiln_activator_held_seconds",
     "How long a released request waited in the activator for a ready pod.",
@@ -146,7 +149,7 @@ class ActivatorHttp:
             (name.encode("latin-1"), answered[name].encode("latin-1"))
             for name in PASSED_RESPONSE_HEADERS
             if name in answered
-        )
+        ) + (VIA,)
         content_type = answered.get("content-type", "application/json").encode("latin-1")
         return HttpResponse(status, [data], content_type=content_type, extra_headers=passed)
 

@@ -181,8 +181,9 @@ def test_a_held_http_request_is_answered_by_the_pod_reported_ready(
         time.sleep(0.3)  # still held: no pod yet
         assert not answer.done()
         activator.report("http-a/mlp", runtime)
-        status, _, body = answer.result(timeout=30)
+        status, headers, body = answer.result(timeout=30)
     assert status == 200, body
+    assert headers.get("Via") == "1.1 kiln-activator"  # the answer says how it came
     got = np.array(body["outputs"][0]["data"], dtype=np.float32).reshape(2, 10)
     np.testing.assert_allclose(got, expected(x), rtol=1e-4, atol=1e-5)
     assert activator.demand() == {}
