@@ -145,11 +145,14 @@ class ActivatorHttp:
         except ForwardFailed as error:
             FORWARD_FAILED.labels("http").inc()
             return json_response(502, {"error": f"the activator could not reach a pod: {error}"})
-        passed = tuple(
-            (name.encode("latin-1"), answered[name].encode("latin-1"))
-            for name in PASSED_RESPONSE_HEADERS
-            if name in answered
-        ) + (VIA,)
+        passed = (
+            *(
+                (name.encode("latin-1"), answered[name].encode("latin-1"))
+                for name in PASSED_RESPONSE_HEADERS
+                if name in answered
+            ),
+            VIA,
+        )
         content_type = answered.get("content-type", "application/json").encode("latin-1")
         return HttpResponse(status, [data], content_type=content_type, extra_headers=passed)
 
