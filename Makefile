@@ -207,7 +207,7 @@ bench-autoscaling: venv ## Kiln's autoscaler vs HPA, KEDA, Knative, oracles on s
 	$(PY) -m kiln_operator.simulator bench --seeds 20 --sweep-seeds 4 --processes 2 --out docs/benchmarks
 	$(PY) -m kiln_operator.simulator bench-learned --seeds 10 --processes 2 --out docs/benchmarks
 
-bench-scale-to-zero: venv system-deps docker-up ## Scale to zero: simulated days (replica-hours, attainment), the activator holding 1,000 HTTP + 1,000 gRPC requests on loopback, and on the real node wake latency over 20 cycles 0 -> 1 -> 0 against the cold start (~35 min) -> docs/benchmarks/scale-to-zero.md
+bench-scale-to-zero: venv system-deps docker-up ## Scale to zero: simulated days (replica-hours, attainment), the activator holding 1,000 HTTP + 1,000 gRPC requests on loopback, and on the real node wake latency over 20 cycles 0 -> 1 -> 0 against the cold start (~20 min) -> docs/benchmarks/scale-to-zero.md
 	$(PY) -m kiln_operator.simulator bench-zero --seeds 5 --processes 2 --out docs/benchmarks
 	cd runtime_image && ../$(PY) -m bench.activator_hold --out ../docs/benchmarks/scale-to-zero.md
 	$(PY) -m tests.e2e.bench_scale_to_zero --cycles 20 --services 2 --out docs/benchmarks/scale-to-zero.md

@@ -397,7 +397,7 @@ def write(page: Path, section: str) -> None:
     text = page.read_text()
     if BEGIN in text:
         head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1].lstrip("\n")
+        text = head + section + "\n" + rest.split(END, 1)[1].lstrip("\n")
     else:
         marker = "<!-- simulated-zero:begin"
         head, rest = text.split(marker, 1)
