@@ -333,7 +333,8 @@ def test_cycles_from_zero_to_one_and_back_with_a_trickle_client_lose_no_request(
     cluster: E2ECluster, zero: Zero
 ) -> None:
     """Each cycle: at zero, a trickle of requests (one every 2 s for 10 s) wakes the service and
-    is answered; then silence until it is at zero again."""
+    is answered, the first through the activator (its Via header), the last straight from the
+    pod; then silence until it is at zero again."""
     http_address, _ = _addresses(cluster, zero)
     wakes: list[float] = []
     answers: list[Answer] = []
@@ -351,6 +352,9 @@ def test_cycles_from_zero_to_one_and_back_with_a_trickle_client_lose_no_request(
         wakes.append(trickle.answers[0].seconds)
         answers += trickle.answers
         assert replicas(cluster, zero.namespace, NAME) == 1
+        # held by the activator while at zero; out of the data path once the service is awake
+        assert trickle.answers[0].via_activator, trickle.answers[0]
+        assert not trickle.answers[-1].via_activator, trickle.answers
     lost = [a for a in answers if not a.answered]
     assert not lost, lost[:5]
     print(
