@@ -38,8 +38,12 @@ LONG_POLL_SECONDS = 20.0
 RESOLVE_SECONDS = 10.0
 """How often `watch_demand` looks for activator pods that came or went."""
 RETRY_SECONDS = 1.0
-"""After a long poll that failed, or an activator that answers without a generation (a version
-before the long poll: its demand is then polled at this interval)."""
+"""After an activator that answers without a generation (a version before the long poll: its
+demand is then polled at this interval), and after a first failed long poll."""
+MAX_RETRY_SECONDS = 10.0
+"""The longest wait between the long polls of an activator pod that keeps failing (the wait
+doubles from RETRY_SECONDS with each failure in a row): a pod that is down costs a warning in
+the log every 10 s, not every second."""
 
 ServiceKey = tuple[str, str]
 
@@ -131,18 +135,23 @@ class Activators:
 
     async def _long_poll(self, address: str, woken: Callable[[ServiceKey], None]) -> None:
         generation: int | None = None
+        failures = 0
         while True:
             query = "" if generation is None else f"?after={generation}&wait={LONG_POLL_SECONDS:g}"
             asked = time.monotonic()
             answer = await self._call(
                 "GET", address, f"/v1/demand{query}", seconds=LONG_POLL_SECONDS + TIMEOUT_SECONDS
             )
-            latest = answer.get("generation") if isinstance(answer, dict) else None
+            if not isinstance(answer, dict):  # no answer, or not a demand's
+                failures += 1
+                generation = None
+                await asyncio.sleep(min(RETRY_SECONDS * 2 ** (failures - 1), MAX_RETRY_SECONDS))
+                continue
+            failures = 0
+            latest = answer.get("generation")
             if not isinstance(latest, int):
                 generation = None
                 await asyncio.sleep(RETRY_SECONDS)
-                if answer is None:
-                    continue
             elif latest == generation:
                 # the wait ended without news; one that did not wait is never asked again at once
                 if time.monotonic() - asked < LONG_POLL_SECONDS / 2:
@@ -150,10 +159,9 @@ class Activators:
                 continue
             generation = latest
             self._read_at = -1e9  # the passes it wakes read every pod's count afresh
-            for entry in answer.get("services") or []:
-                held = entry.get("held")
-                if isinstance(held, int) and held > 0:
-                    woken((str(entry.get("namespace")), str(entry.get("name"))))
+            for key, held in _entries(answer):
+                if held > 0:
+                    woken(key)
 
     def forget(self, key: ServiceKey) -> None:
         self._reported.pop(key, None)
@@ -171,10 +179,8 @@ class Activators:
             return None
         demand: dict[ServiceKey, int] = {}
         for answer in known:
-            for entry in answer.get("services") or []:
-                key = (str(entry.get("namespace")), str(entry.get("name")))
-                held = entry.get("held")
-                if isinstance(held, int) and held > 0:
+            for key, held in _entries(answer):
+                if held > 0:
                     demand[key] = demand.get(key, 0) + held
         return demand
 
@@ -204,3 +210,13 @@ class Activators:
         except (TimeoutError, aiohttp.ClientError, ValueError) as error:
             logger.warning(f"activator {address} did not answer {method} {path}: {error}")
             return None
+
+
+def _entries(answer: dict[str, Any]) -> list[tuple[ServiceKey, int]]:
+    """(service, held) of each well-formed entry of a demand answer; anything else is left out."""
+    services = answer.get("services")
+    return [
+        ((str(entry.get("namespace")), str(entry.get("name"))), entry["held"])
+        for entry in (services if isinstance(services, list) else [])
+        if isinstance(entry, dict) and isinstance(entry.get("held"), int)
+    ]
