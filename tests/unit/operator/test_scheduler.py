@@ -144,22 +144,32 @@ async def test_a_failed_pass_is_tried_again_after_the_retry_delay() -> None:
     assert all(later - earlier >= 0.05 for earlier, later in itertools.pairwise(attempts))
 
 
+async def until(predicate: Callable[[], bool], seconds: float) -> None:
+    """Until `predicate` holds (or `seconds` pass: the caller's assert then says what failed)."""
+    for _ in range(round(seconds / 0.005)):
+        if predicate():
+            return
+        await asyncio.sleep(0.005)
+
+
 async def test_run_soon_brings_the_next_pass_forward_and_the_one_it_replaces_never_runs() -> None:
-    recorder = Recorder({"a": 0.3, "b": 0.3})
+    recorder = Recorder({"a": 2.0, "b": 2.0})
     scheduler = await running(ToggleSet(any), recorder.job())
+    loop = asyncio.get_running_loop()
     scheduler.track("ns", "a")
     scheduler.track("ns", "b")
-    await asyncio.sleep(0.05)  # the first passes ran; the next are due at 0.3
-    asked = asyncio.get_running_loop().time()
+    await until(lambda: recorder.count("a") == recorder.count("b") == 1, 1.0)
+    asked = loop.time()  # the next passes are due 2 s after the first ones
     scheduler.run_soon("job", "ns", "a")
     scheduler.run_soon("job", "ns", "gone")  # not tracked: nothing
     scheduler.run_soon("other-job", "ns", "a")  # no such job: nothing
-    await asyncio.sleep(0.05)
+    await until(lambda: recorder.count("a") == 2, 1.0)
     assert recorder.count("a") == 2 and recorder.count("b") == 1
-    soon = recorder.passes[-1][1]
-    assert recorder.passes[-1][0] == "a" and soon - asked < 0.04
-    await asyncio.sleep(0.5)  # one pass of a per interval from then on, not two chains
+    assert recorder.passes[-1][0] == "a" and recorder.passes[-1][1] - asked < 1.0
+    await asyncio.sleep(asked + 3.0 - loop.time())
     await scheduler.close()
+    # a: the first pass, the one brought forward and one 2 s after it; the pass it replaced
+    # (due 2 s after the first) never ran. b: its own two.
     assert recorder.count("a") == 3 and recorder.count("b") == 2
     assert len(recorder.lags) == 2  # a pass brought forward reports no lag
 
@@ -169,12 +179,12 @@ async def test_run_soon_during_a_pass_runs_the_next_right_after_it_never_alongsi
     recorder.hold = asyncio.Event()
     scheduler = await running(ToggleSet(any), recorder.job())
     scheduler.track("ns", "a")
-    await asyncio.sleep(0.02)
+    await until(lambda: recorder.count("a") == 1, 1.0)
     scheduler.run_soon("job", "ns", "a")  # the first pass is still running
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.05)
     assert recorder.count("a") == 1
     recorder.hold.set()
-    await asyncio.sleep(0.05)
+    await until(lambda: recorder.count("a") == 2, 1.0)
     await scheduler.close()
     assert recorder.count("a") == 2  # right after the first, not 5 s later
 
