@@ -71,7 +71,7 @@ check: venv ## Regenerate generated files and fail on any difference
 # each takes minutes, longer than a test's own time limit.
 test: venv lint typecheck check system-deps native docker-up cluster-binaries gotools image-runtime ## Every test: lint, types, generated files, unit, integration, images, e2e
 	$(MAKE) --no-print-directory test-runtime-pure
-	KILN_RUNTIME_BUILD=compiled $(PY) -m pytest tests
+	KILN_RUNTIME_BUILD=compiled $(PY) -m pytest tests --durations=25
 
 test-unit: venv ## Unit tests only (no cluster, no network)
 	$(PY) -m pytest tests/unit

@@ -259,9 +259,15 @@ REASON_CANARY_SLOWER: Final = "CanarySlowerThanStable"
 """Fail: the canary's p99 exceeded the stable p99 times maxP99Ratio plus p99SlackMilliseconds."""
 REASON_CANARY_STEP_PASSED: Final = "CanaryStepPassed"
 """Pass: the window ended with enough requests and no failure."""
+REASON_CANARY_WARMUP_FAILED: Final = "CanaryWarmupFailed"
+"""Fail: a canary pod of the new revision failed its warm-up gate on every attempt (the gate's
+verdict stays until the pod is replaced): the version cannot meet spec.warmup's bound here."""
+REASON_CANARY_PROGRESS_DEADLINE: Final = "CanaryProgressDeadlineExceeded"
+"""Fail: no canary pod of the new revision was ready for the canary's progressDeadlineSeconds;
+the message has the first cause the pods showed (a crash loop, an image, the scheduler)."""
 REASON_CANARY_NOT_READY: Final = "CanaryNotReady"
 """Hold: no ready canary pod runs the new revision; the window restarts when the step's
-replicas are ready again."""
+replicas are ready again (a rollback after progressDeadlineSeconds of it)."""
 REASON_CANARY_SCALING: Final = "CanaryScaling"
 """Hold: the Deployments are not yet at the step's sizes with every pod ready; the step's window
 starts when they are (errors and an SLO breach are judged meanwhile)."""

@@ -58,7 +58,7 @@ from kiln_operator.rollout.machine import (
     metrics_window,
     split_replicas,
 )
-from kiln_operator.status.causes import placement_failure
+from kiln_operator.status.causes import failed_warmup, first_cause, placement_failure
 from kiln_operator.status.conditions import find_condition, set_condition
 from kiln_operator.status.deployment import rollout_state
 from kiln_operator.warmup.podstate import ready_addresses, summarize
@@ -290,7 +290,13 @@ class Autoscaler:
         canary = CanaryPass()
         if spec.rollout.canary is not None:
             canary = await self._canary_pass(
-                body, spec=spec, stable=deployment, source=source, decision=decision, now=now
+                body,
+                spec=spec,
+                stable=deployment,
+                pods=pods,
+                source=source,
+                decision=decision,
+                now=now,
             )
         if (
             canary.stable_replicas is not None
@@ -361,6 +367,7 @@ class Autoscaler:
         *,
         spec: InferenceServiceSpec,
         stable: dict[str, Any],
+        pods: list[dict[str, Any]],
         source: PrometheusSource | None,
         decision: Decision,
         now: datetime,
@@ -383,6 +390,14 @@ class Autoscaler:
         current = previous if previous is not None and previous.revision == target else None
         metrics: CanaryMetrics | None = None
         ready = _canary_ready(canary, target)
+        # The canary's pods, once every one of them runs the target revision: a pod of the
+        # revision before (a spec change mid-canary) says nothing of this one.
+        canary_pods = (
+            [p for p in pods if _labels(p).get(constants.LABEL_TRACK) == constants.TRACK_CANARY]
+            if _runs_revision(canary, target)
+            else []
+        )
+        cause = first_cause(canary, canary_pods) if canary_pods else None
         live_canary = None if canary is None else int(canary["spec"].get("replicas", 1))
         step_replicas: tuple[int, int] | None = None
         if not stable_matches and current is not None and current.phase == "Progressing":
@@ -408,6 +423,8 @@ class Autoscaler:
                 stable_replicas=int(stable["spec"].get("replicas", 1)),
                 stable_ready=_stable_ready(stable),
                 step_replicas=step_replicas,
+                canary_warmup_failed=failed_warmup(canary_pods),
+                canary_cause=None if cause is None else f"{cause.reason}: {cause.message}",
             ),
             now,
         )
@@ -586,16 +603,21 @@ def _controlled_by(child: dict[str, Any], uid: str | None) -> bool:
     return controller is not None and uid is not None and controller.get("uid") == uid
 
 
-def _canary_ready(canary: dict[str, Any] | None, revision: str) -> int:
-    """Ready pods of the canary Deployment that run `revision`: 0 while it runs another one or
+def _runs_revision(canary: dict[str, Any] | None, revision: str) -> bool:
+    """Every pod of the canary Deployment runs `revision`: False while it runs another one or
     still rolls to it (a spec change mid-canary), or while there is no canary Deployment."""
     if canary is None:
-        return 0
+        return False
     annotations = canary["metadata"].get("annotations") or {}
     if annotations.get(constants.ANNOTATION_REVISION) != revision:
-        return 0
+        return False
     state = rollout_state(canary)
-    if not state.observed or state.replicas != state.updated:
+    return state.observed and state.replicas == state.updated
+
+
+def _canary_ready(canary: dict[str, Any] | None, revision: str) -> int:
+    """Ready pods of the canary Deployment that run `revision` (0 unless every pod does)."""
+    if canary is None or not _runs_revision(canary, revision):
         return 0
     return int((canary.get("status") or {}).get("readyReplicas") or 0)
 

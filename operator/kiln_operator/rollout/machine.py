@@ -63,6 +63,12 @@ class RolloutObservation:
     step_replicas: tuple[int, int] | None = None
     """(stable, canary) replicas the step's share asks for at this pass's demand
     (`split_replicas`); None when no step runs."""
+    canary_warmup_failed: str | None = None
+    """Why a canary pod of target_revision failed its warm-up gate on every attempt (the
+    gate's reason and message), else None."""
+    canary_cause: str | None = None
+    """The first cause the canary's pods show for not serving (status.causes), if any: said
+    when the progress deadline rolls the canary back."""
 
 
 def replicas_ready(observed: RolloutObservation) -> bool:
@@ -225,6 +231,34 @@ def _hold(
     return RolloutStep(status.model_copy(update=update))
 
 
+def _roll_back(
+    current: RolloutStatus,
+    reason: str,
+    message: str,
+    now: datetime,
+    metrics: CanaryMetrics | None = None,
+) -> RolloutStep:
+    """The canary judged worse or unable to serve: RolledBack, with the verdict and an event."""
+    verdict = _verdict("Fail", reason, message, now, metrics)
+    rolled_back = current.model_copy(
+        update={"phase": "RolledBack", "last_verdict": verdict, "canary_replicas": 0}
+    )
+    said = f"revision {current.revision} at step {current.step + 1}: {message}"
+    return RolloutStep(
+        rolled_back, [RolloutEvent("Warning", constants.EVENT_CANARY_ROLLED_BACK, said)]
+    )
+
+
+def not_ready_since(status: RolloutStatus, now: datetime) -> datetime:
+    """Since when the canary has had no ready pod: the CanaryNotReady hold's time (a hold is
+    written only when its reason changes, so it is when the pods were first seen unready), else
+    `now` (this pass is the first to see none)."""
+    last = status.last_verdict
+    if last is not None and last.reason == constants.REASON_CANARY_NOT_READY:
+        return last.at
+    return now
+
+
 def _sizes(observed: RolloutObservation) -> str:
     wanted = observed.step_replicas
     stable, canary = wanted if wanted is not None else ("?", "?")
@@ -268,12 +302,30 @@ def advance(
         return _start(spec, observed.target_revision, None, now)
     if current.phase != "Progressing":
         return RolloutStep(current)  # Promoting waits for the stable rollout; RolledBack stays
+    if observed.canary_warmup_failed is not None:
+        return _roll_back(
+            current,
+            constants.REASON_CANARY_WARMUP_FAILED,
+            f"a canary pod failed its warm-up gate: {observed.canary_warmup_failed}",
+            now,
+        )
     if observed.canary_ready == 0:
+        unready = (now - not_ready_since(current, now)).total_seconds()
+        if unready >= spec.progress_deadline_seconds:
+            cause = observed.canary_cause or "the pods showed no cause"
+            return _roll_back(
+                current,
+                constants.REASON_CANARY_PROGRESS_DEADLINE,
+                f"no canary pod was ready for {unready:.0f} s (progressDeadlineSeconds "
+                f"{spec.progress_deadline_seconds}): {cause}",
+                now,
+            )
         verdict = _verdict(
             "Hold",
             constants.REASON_CANARY_NOT_READY,
             f"no ready canary pod runs revision {current.revision} yet: step {current.step + 1}'s "
-            "window starts when the step's replicas are ready",
+            "window starts when the step's replicas are ready (rolled back after "
+            f"{spec.progress_deadline_seconds} s without one)",
             now,
         )
         return _hold(current, verdict, end_window=True)
@@ -291,14 +343,7 @@ def advance(
     complete = began is not None and (now - began).total_seconds() >= spec.step_seconds
     failure = judge(spec, slo_p99_milliseconds, metrics, window_complete=complete)
     if failure is not None:
-        verdict = _verdict("Fail", *failure, now, metrics)
-        rolled_back = current.model_copy(
-            update={"phase": "RolledBack", "last_verdict": verdict, "canary_replicas": 0}
-        )
-        message = f"revision {current.revision} at step {current.step + 1}: {failure[1]}"
-        return RolloutStep(
-            rolled_back, [RolloutEvent("Warning", constants.EVENT_CANARY_ROLLED_BACK, message)]
-        )
+        return _roll_back(current, *failure, now, metrics)
     if began is None:
         if replicas_ready(observed):
             verdict = _verdict(

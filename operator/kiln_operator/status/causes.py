@@ -74,6 +74,29 @@ def _crashed(container: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def _failed_gate(pod: dict[str, Any]) -> str | None:
+    """What the warm-up gate said of a pod it failed (its verdict, final until the pod is
+    replaced), else None."""
+    gate = _condition((pod.get("status") or {}).get("conditions"), constants.CONDITION_WARMED_UP)
+    if not gate or gate.get("status") != "False" or gate.get("reason") == REASON_WARMING:
+        return None
+    return (
+        f"warm-up of pod {pod['metadata']['name']} failed ({gate.get('reason')}): "
+        f"{_trim(gate.get('message', ''))}"
+    )
+
+
+def failed_warmup(pods: list[dict[str, Any]]) -> str | None:
+    """The verdict of one pod among `pods` (the first by name) that failed its warm-up gate and
+    is not being deleted, else None."""
+    failed = sorted(
+        (pod["metadata"]["name"], said)
+        for pod in pods
+        if not pod["metadata"].get("deletionTimestamp") and (said := _failed_gate(pod))
+    )
+    return failed[0][1] if failed else None
+
+
 def _pod_cause(pod: dict[str, Any]) -> Cause | None:
     name = pod["metadata"]["name"]
     status = pod.get("status") or {}
@@ -113,14 +136,10 @@ def _pod_cause(pod: dict[str, Any]) -> Cause | None:
                 f"{said}",
                 failure=True,
             )
+    failed = _failed_gate(pod)
+    if failed is not None:
+        return Cause(constants.REASON_WARMUP_FAILED, failed, failure=True)
     gate = _condition(conditions, constants.CONDITION_WARMED_UP)
-    if gate and gate.get("status") == "False" and gate.get("reason") != REASON_WARMING:
-        return Cause(
-            constants.REASON_WARMUP_FAILED,
-            f"warm-up of pod {name} failed ({gate.get('reason')}): "
-            f"{_trim(gate.get('message', ''))}",
-            failure=True,
-        )
     runtime = next(
         (
             c

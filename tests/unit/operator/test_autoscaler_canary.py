@@ -90,11 +90,17 @@ def ready(deployment: dict[str, Any], replicas: int, uid: str) -> dict[str, Any]
 
 
 def autoscaler_on_step_one(
-    canary: TrackSignals, *, measuring: bool = True, stable_ready: int = 3, seen: bool = True
+    canary: TrackSignals,
+    *,
+    measuring: bool = True,
+    stable_ready: int = 3,
+    seen: bool = True,
+    pod_statuses: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[Autoscaler, RecordingKube, str]:
     """Step 1 (25 %) with 3 stable replicas and 1 canary; `measuring`: its window started 61 s
     ago (else it has not started); `stable_ready`: the stable pods ready of 3; `seen`: the
-    Deployment controller has seen the stable Deployment's last change."""
+    Deployment controller has seen the stable Deployment's last change; `pod_statuses`: a pod's
+    status by name (mlp-a, mlp-b, mlp-c stable; mlp-canary-x the canary's)."""
     old, new = parse_spec("mlp", spec("1")), parse_spec("mlp", spec("2"))
     stable = ready(build_deployment(old, OWNER, 3), 3, "stable-uid")  # type: ignore[arg-type]
     stable["status"]["readyReplicas"] = stable_ready
@@ -135,7 +141,10 @@ def autoscaler_on_step_one(
         labels = {"serving.kiln.dev/inferenceservice": "mlp", **track}
         cache.store(
             "pods",
-            {"metadata": {"name": pod, "namespace": "ns", "labels": labels}, "status": {}},
+            {
+                "metadata": {"name": pod, "namespace": "ns", "labels": labels},
+                "status": (pod_statuses or {}).get(pod, {}),
+            },
         )
     kube = RecordingKube()
     autoscaler = Autoscaler(kube, cache, URL)  # type: ignore[arg-type]
@@ -198,3 +207,39 @@ async def test_the_steps_window_starts_when_both_deployments_are_at_its_sizes_an
     (written,) = [s for m, s in kube.statuses if m == ROLLOUT_FIELD_MANAGER]
     assert written["rollout"]["windowStartedAt"] == T0.isoformat().replace("+00:00", "Z")
     assert written["rollout"]["lastVerdict"]["reason"] == "CanaryMeasuring"
+
+
+GATE_FAILED = {
+    "conditions": [
+        {
+            "type": "serving.kiln.dev/warmed-up",
+            "status": "False",
+            "reason": "P99OverBound",
+            "message": "warm-up p99 1900.00 ms (p50 700.00 ms) over 25 requests exceeds 1000 ms",
+        }
+    ]
+}
+
+
+async def test_a_canary_pod_that_failed_its_warm_up_gate_rolls_the_canary_back() -> None:
+    """The pass hands the machine the gate's verdict on a canary pod (a stable pod's failed gate
+    is not the canary's)."""
+    fast = TrackSignals(300, 0, 0.004)
+    autoscaler, kube, _ = autoscaler_on_step_one(fast, pod_statuses={"mlp-a": GATE_FAILED})
+    evaluation = await autoscaler.evaluate("ns", "mlp", T0)
+    assert evaluation is not None
+    assert [e.reason for e in evaluation.rollout_events] == ["CanaryStepPassed"]
+
+    autoscaler, kube, _ = autoscaler_on_step_one(fast, pod_statuses={"mlp-canary-x": GATE_FAILED})
+    evaluation = await autoscaler.evaluate("ns", "mlp", T0)
+    assert evaluation is not None and evaluation.rollout_changed
+    assert [(e.type, e.reason) for e in evaluation.rollout_events] == [
+        ("Warning", "CanaryRolledBack")
+    ]
+    (written,) = [s for m, s in kube.statuses if m == ROLLOUT_FIELD_MANAGER]
+    verdict = written["rollout"]["lastVerdict"]
+    assert (written["rollout"]["phase"], verdict["reason"]) == ("RolledBack", "CanaryWarmupFailed")
+    assert verdict["message"] == (
+        "a canary pod failed its warm-up gate: warm-up of pod mlp-canary-x failed "
+        "(P99OverBound): warm-up p99 1900.00 ms (p50 700.00 ms) over 25 requests exceeds 1000 ms"
+    )

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kiln_operator import constants
-from kiln_operator.status.causes import first_cause
+from kiln_operator.status.causes import failed_warmup, first_cause
 from kiln_operator.status.compute import ReconcileObservation, compute_status
 from tests.unit import kube_objects
 from tests.unit.kube_objects import pod
@@ -111,6 +111,31 @@ def test_a_failed_warm_up_is_a_failure_and_warming_up_is_progress() -> None:
     cause = first_cause(deployment(), [pod("a", warming, containers=[running])])
     assert cause is not None and not cause.failure
     assert cause.reason == constants.REASON_WARMING_UP
+
+
+def test_failed_warmup_names_a_pod_the_gate_failed_whatever_else_the_pods_show() -> None:
+    """What rolls a canary back at once: a final verdict of the gate, even while another pod
+    crashes (first_cause would name the crash), never a gate still warming up nor a pod on its
+    way out."""
+    failed = {
+        "type": constants.CONDITION_WARMED_UP,
+        "status": "False",
+        "reason": "P99OverBound",
+        "message": "warm-up p99 1900.00 ms (p50 800.00 ms) over 25 requests exceeds 1000 ms",
+    }
+    warming = {**failed, "reason": "WarmingUp", "message": "attempt 1/3"}
+    passed = {**failed, "status": "True", "reason": "WarmedUp"}
+    crashing = runtime({"waiting": {"reason": "CrashLoopBackOff"}}, lastState={
+        "terminated": {"exitCode": 1, "reason": "Error"}
+    })  # fmt: skip
+    leaving = pod("c", failed)
+    leaving["metadata"]["deletionTimestamp"] = "2026-11-25T12:00:00Z"
+    assert failed_warmup([pod("a", warming), pod("b", passed), leaving]) is None
+    said = failed_warmup([pod("a", containers=[crashing]), pod("b", failed), pod("d", failed)])
+    assert said == (
+        "warm-up of pod b failed (P99OverBound): warm-up p99 1900.00 ms (p50 800.00 ms) over 25 "
+        "requests exceeds 1000 ms"
+    )
 
 
 def test_a_runtime_that_runs_but_is_not_ready_is_named() -> None:

@@ -1,5 +1,6 @@
 """The canary's state machine (rollout.machine): every transition, with `now` given."""
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -305,6 +306,86 @@ def test_a_deleted_canary_deployment_restarts_the_step_when_its_pod_is_ready_aga
         SPEC, SLO_MS, back.status, observe(seen=metrics()), ready_at + timedelta(seconds=59)
     )
     assert short.status == back.status  # a full window from the pod's return, not before
+
+
+GATE_FAILED = "warm-up of pod svc-canary-1 failed (P99OverBound): warm-up p99 1900 ms exceeds 1000"
+
+
+@pytest.mark.parametrize(
+    ("ready", "canary_replicas"),
+    [(0, 1), (1, 2)],
+    ids=["its only pod", "its second pod, while the step scales"],
+)
+def test_a_canary_pod_that_fails_its_warm_up_gate_rolls_the_canary_back_at_once(
+    ready: int, canary_replicas: int
+) -> None:
+    status = started()
+    seen = observe(ready=ready, canary_replicas=canary_replicas, seen=metrics(few()))
+    failed = dataclasses.replace(seen, canary_warmup_failed=GATE_FAILED)
+    step = advance(SPEC, SLO_MS, status, failed, T0 + timedelta(seconds=5))
+    assert step.status is not None and step.status.phase == "RolledBack"
+    verdict = step.status.last_verdict
+    assert verdict is not None
+    assert (verdict.result, verdict.reason) == ("Fail", constants.REASON_CANARY_WARMUP_FAILED)
+    assert verdict.message == f"a canary pod failed its warm-up gate: {GATE_FAILED}"
+    assert step.status.canary_replicas == 0
+    assert [(e.type, e.reason) for e in step.events] == [
+        ("Warning", constants.EVENT_CANARY_ROLLED_BACK)
+    ]
+    assert step.events[0].message.startswith("revision rev-b at step 1: a canary pod failed")
+
+
+def not_ready(canary_cause: str | None = None) -> RolloutObservation:
+    return dataclasses.replace(observe(ready=0), canary_cause=canary_cause)
+
+
+def test_a_canary_without_a_ready_pod_for_its_progress_deadline_is_rolled_back_with_the_cause() -> (
+    None
+):
+    status = advance(SPEC, SLO_MS, None, not_ready(), T0).status
+    assert status is not None
+    deadline = SPEC.progress_deadline_seconds
+    crash = "CrashLoop: pod svc-canary-1: container runtime keeps crashing (4 restarts)"
+    held = advance(SPEC, SLO_MS, status, not_ready(canary_cause=crash), T0 + timedelta(seconds=5))
+    assert held.status is not None and held.status.phase == "Progressing"
+    verdict = held.status.last_verdict
+    assert verdict is not None and verdict.reason == constants.REASON_CANARY_NOT_READY
+    assert f"rolled back after {deadline} s without one" in verdict.message
+    almost = T0 + timedelta(seconds=5 + deadline - 1)
+    same = advance(SPEC, SLO_MS, held.status, not_ready(canary_cause=crash), almost)
+    assert same.status == held.status and same.events == []  # no write while it holds
+    over = T0 + timedelta(seconds=5 + deadline)
+    step = advance(SPEC, SLO_MS, held.status, not_ready(canary_cause=crash), over)
+    assert step.status is not None and step.status.phase == "RolledBack"
+    verdict = step.status.last_verdict
+    assert verdict is not None
+    assert (verdict.result, verdict.reason) == ("Fail", constants.REASON_CANARY_PROGRESS_DEADLINE)
+    assert verdict.message == (
+        f"no canary pod was ready for {deadline} s (progressDeadlineSeconds {deadline}): {crash}"
+    )
+    quiet = advance(SPEC, SLO_MS, held.status, not_ready(), over)
+    assert quiet.status is not None and quiet.status.last_verdict is not None
+    assert quiet.status.last_verdict.message.endswith(": the pods showed no cause")
+
+
+def test_the_progress_deadline_counts_from_when_the_canary_last_lost_its_ready_pods() -> None:
+    """A canary that had a ready pod for most of the deadline and then lost it is not rolled
+    back on the first pass that sees none."""
+    status = started()
+    deadline = SPEC.progress_deadline_seconds
+    lost_at = T0 + timedelta(seconds=deadline + 30)
+    lost = advance(SPEC, SLO_MS, status, not_ready(), lost_at)
+    assert lost.status is not None and lost.status.phase == "Progressing"
+    assert lost.status.last_verdict is not None
+    assert lost.status.last_verdict.at == lost_at
+    seen = observe(seen=metrics(few()))
+    back = advance(SPEC, SLO_MS, lost.status, seen, lost_at + timedelta(seconds=1))
+    assert back.status is not None and back.status.last_verdict is not None
+    assert back.status.last_verdict.reason == constants.REASON_CANARY_MEASURING
+    again_at = lost_at + timedelta(seconds=deadline)
+    again = advance(SPEC, SLO_MS, back.status, not_ready(), again_at)
+    assert again.status is not None and again.status.phase == "Progressing"
+    assert again.status.last_verdict is not None and again.status.last_verdict.at == again_at
 
 
 def test_an_operator_restart_mid_step_continues_the_step_from_status() -> None:

@@ -41,6 +41,10 @@ class CanarySpec(ApiModel):
     min_requests: Annotated[int, Field(ge=1, le=1_000_000)] = 50
     """Canary requests a window needs before the canary is judged; with fewer, the step is
     extended (no verdict without evidence)."""
+    progress_deadline_seconds: Annotated[int, Field(ge=60, le=86_400)] = 600
+    """How long the canary may have no ready pod of the new version (pods crashing, an image
+    that cannot be pulled, no node) before it is rolled back; a canary pod that fails its
+    warm-up gate rolls it back at once."""
 
     @field_validator("steps")
     @classmethod
